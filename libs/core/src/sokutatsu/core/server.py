@@ -1,0 +1,204 @@
+"""The gRPC server bootstrap every service uses.
+
+``run_service`` is the whole ``main`` of a service: it reads the settings
+(a malformed value is one line on stderr and exit status 2), sets up logging
+and tracing, serves until SIGTERM or SIGINT, then stops gracefully:
+
+1. health turns NOT_SERVING, so load balancers and the launcher stop routing;
+2. ``server.stop(grace)`` lets in-flight RPCs finish for up to the grace period;
+3. background tasks (owned by one task group) are cancelled and awaited;
+4. resources registered on the exit stack (pools, files) are closed;
+5. traces are flushed.
+
+A service supplies one ``register`` coroutine that adds its servicers to the
+server, starts its background tasks through the :class:`ServiceContext` and
+returns the full names of the services it registered (for health and
+reflection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+from sokutatsu.core.errors import StartupError
+from sokutatsu.core.interceptors import DomainErrorInterceptor
+from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
+from sokutatsu.core.settings import SettingsError, load
+from sokutatsu.core.telemetry import setup_telemetry
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=ServiceSettings)
+
+# Frames larger than this are refused; batching keeps frames well under it.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy
+    # port silently; a busy port must be an error.
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclass
+class ServiceContext:
+    """What a service's ``register`` gets besides the server."""
+
+    service: str
+    runtime: RuntimeSettings
+    stack: contextlib.AsyncExitStack
+    health: health_aio.HealthServicer
+    _group: asyncio.TaskGroup
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start_background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``coro`` until shutdown. If it fails, the service stops with its error."""
+        task = self._group.create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
+
+    def cancel_background(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+
+Register = Callable[[aio.Server, ServiceContext], Awaitable[Sequence[str]]]
+
+
+def _bind_problem(address: str) -> str:
+    """Why ``address`` cannot be bound, in words (best effort)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, int(port)))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "the port is already in use"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return "no such local address"
+        if exc.errno == errno.EACCES:
+            return "permission denied (ports below 1024 need privileges)"
+        return exc.strerror or str(exc)
+    except (socket.gaierror, ValueError) as exc:
+        return f"cannot resolve the host ({exc})"
+    return "gRPC could not bind it"
+
+
+def _announce(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)
+
+
+async def serve(
+    service: str,
+    settings: ServiceSettings,
+    runtime: RuntimeSettings,
+    register: Register,
+    listen_var: str,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    health = health_aio.HealthServicer()
+    server = aio.server(
+        interceptors=[aio_server_interceptor(), DomainErrorInterceptor()],
+        options=SERVER_OPTIONS,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        async with asyncio.TaskGroup() as group:
+            context = ServiceContext(service=service, runtime=runtime, stack=stack, health=health, _group=group)
+            names = list(await register(server, context))
+            health_pb2_grpc.add_HealthServicer_to_server(health, server)
+            reflection.enable_server_reflection(
+                [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+                server,
+            )
+            try:
+                port = server.add_insecure_port(settings.listen)
+            except RuntimeError:
+                raise StartupError(
+                    f"cannot listen on {settings.listen}: {_bind_problem(settings.listen)} "
+                    f"(set {listen_var} to another host:port)"
+                ) from None
+            await server.start()
+            host = settings.listen.rpartition(":")[0]
+            if host in ("0.0.0.0", "[::]", "::"):
+                host = "127.0.0.1"
+            address = f"{host}:{port}"
+            for name in ["", *names]:
+                await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if runtime.announce_file is not None:
+                _announce(
+                    runtime.announce_file,
+                    {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
+                )
+            log.info("%s %s serving on %s", service, settings.instance, address)
+
+            await stop.wait()
+
+            log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
+            await health.enter_graceful_shutdown()
+            await server.stop(runtime.grace_seconds)
+            context.cancel_background()
+    log.info("%s %s stopped", service, settings.instance)
+
+
+def _fail(service: str, message: str, status: int) -> NoReturn:
+    print(f"sokutatsu-{service}: error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def run_service(service: str, settings_cls: type[S], build: Callable[[S], Register]) -> NoReturn:
+    """The ``main`` of a service process."""
+    try:
+        runtime = load(RuntimeSettings)
+        settings = load(settings_cls)
+        register = build(settings)
+    except SettingsError as exc:
+        _fail(service, str(exc), 2)
+    logging.basicConfig(
+        level=runtime.log_level,
+        format=f"%(asctime)s %(levelname)s {service}[%(process)d] %(name)s: %(message)s",
+    )
+    try:
+        telemetry = setup_telemetry(service, settings.instance, runtime.trace_dir)
+    except OSError as exc:
+        _fail(service, f"cannot write traces to {runtime.trace_dir}: {exc.strerror} (SOKUTATSU_TRACE_DIR)", 2)
+    listen_var = settings_cls.env_prefix + "LISTEN"
+    try:
+        # Errors raised while the task group is open arrive wrapped in a group.
+        asyncio.run(serve(service, settings, runtime, register, listen_var))
+    except* StartupError as group:
+        telemetry.shutdown()
+        _fail(service, "; ".join(str(e) for e in group.exceptions), 1)
+    telemetry.shutdown()
+    sys.exit(0)

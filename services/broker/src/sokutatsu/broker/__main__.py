@@ -1,0 +1,3 @@
+from sokutatsu.broker.server import main
+
+main()

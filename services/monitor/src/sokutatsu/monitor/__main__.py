@@ -1,0 +1,3 @@
+from sokutatsu.monitor.server import main
+
+main()

@@ -1,0 +1,17 @@
+"""Monitor settings (environment variables ``SOKUTATSU_MONITOR_*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sokutatsu.core.runtime_settings import ServiceSettings
+from sokutatsu.core.settings import parse_address, parse_name, setting
+
+
+@dataclass(frozen=True)
+class MonitorSettings(ServiceSettings):
+    env_prefix: ClassVar[str] = "SOKUTATSU_MONITOR_"
+
+    listen: str = setting("LISTEN", "127.0.0.1:7301", "host:port to serve gRPC on (port 0 = any free port).", parse_address)
+    instance: str = setting("INSTANCE", "monitor", "Name of this monitor in logs and traces.", parse_name)

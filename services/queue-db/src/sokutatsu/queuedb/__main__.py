@@ -1,0 +1,3 @@
+from sokutatsu.queuedb.server import main
+
+main()

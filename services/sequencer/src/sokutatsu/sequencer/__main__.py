@@ -1,0 +1,3 @@
+from sokutatsu.sequencer.server import main
+
+main()
