@@ -52,7 +52,9 @@ class RuntimeSettings(Settings):
 class ServiceSettings(Settings):
     """Fields every service has; each service subclasses it with its own prefix."""
 
-    listen: str = setting("LISTEN", "127.0.0.1:0", "host:port to serve gRPC on (port 0 = any free port).", parse_address)
+    listen: str = setting(
+        "LISTEN", "127.0.0.1:0", "host:port to serve gRPC on (port 0 = any free port).", parse_address
+    )
     instance: str = setting(
         "INSTANCE", "default", "Name of this instance in logs, traces and the launcher's table.", parse_name
     )

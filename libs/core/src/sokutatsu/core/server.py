@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -114,6 +113,7 @@ def _announce(path: Path, payload: dict[str, Any]) -> None:
 
 
 async def serve(
+    *,
     service: str,
     settings: ServiceSettings,
     runtime: RuntimeSettings,
@@ -130,50 +130,50 @@ async def serve(
 
     health = health_aio.HealthServicer()
     server = aio.server(
-        interceptors=[aio_server_interceptor(), DomainErrorInterceptor()],
+        # OpenTelemetry outermost, so it records the status the domain mapping chose.
+        interceptors=[aio_server_interceptor(), DomainErrorInterceptor()],  # type: ignore[no-untyped-call]
         options=SERVER_OPTIONS,
     )
-    async with contextlib.AsyncExitStack() as stack:
-        async with asyncio.TaskGroup() as group:
-            context = ServiceContext(service=service, runtime=runtime, stack=stack, health=health, _group=group)
-            names = list(await register(server, context))
-            health_pb2_grpc.add_HealthServicer_to_server(health, server)
-            reflection.enable_server_reflection(
-                [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-                server,
+    async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
+        context = ServiceContext(service=service, runtime=runtime, stack=stack, health=health, _group=group)
+        names = list(await register(server, context))
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+        try:
+            port = server.add_insecure_port(settings.listen)
+        except RuntimeError:
+            raise StartupError(
+                f"cannot listen on {settings.listen}: {_bind_problem(settings.listen)} "
+                f"(set {listen_var} to another host:port)"
+            ) from None
+        await server.start()
+        host = settings.listen.rpartition(":")[0]
+        if host in ("0.0.0.0", "[::]", "::"):  # noqa: S104 - announcing, not binding
+            host = "127.0.0.1"
+        address = f"{host}:{port}"
+        for name in ["", *names]:
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if runtime.announce_file is not None:
+            _announce(
+                runtime.announce_file,
+                {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
             )
-            try:
-                port = server.add_insecure_port(settings.listen)
-            except RuntimeError:
-                raise StartupError(
-                    f"cannot listen on {settings.listen}: {_bind_problem(settings.listen)} "
-                    f"(set {listen_var} to another host:port)"
-                ) from None
-            await server.start()
-            host = settings.listen.rpartition(":")[0]
-            if host in ("0.0.0.0", "[::]", "::"):
-                host = "127.0.0.1"
-            address = f"{host}:{port}"
-            for name in ["", *names]:
-                await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-            if runtime.announce_file is not None:
-                _announce(
-                    runtime.announce_file,
-                    {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
-                )
-            log.info("%s %s serving on %s", service, settings.instance, address)
+        log.info("%s %s serving on %s", service, settings.instance, address)
 
-            await stop.wait()
+        await stop.wait()
 
-            log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
-            await health.enter_graceful_shutdown()
-            await server.stop(runtime.grace_seconds)
-            context.cancel_background()
+        log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
+        await health.enter_graceful_shutdown()
+        await server.stop(runtime.grace_seconds)
+        context.cancel_background()
     log.info("%s %s stopped", service, settings.instance)
 
 
 def _fail(service: str, message: str, status: int) -> NoReturn:
-    print(f"sokutatsu-{service}: error: {message}", file=sys.stderr)
+    sys.stderr.write(f"sokutatsu-{service}: error: {message}\n")
     sys.exit(status)
 
 
@@ -196,7 +196,9 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
     listen_var = settings_cls.env_prefix + "LISTEN"
     try:
         # Errors raised while the task group is open arrive wrapped in a group.
-        asyncio.run(serve(service, settings, runtime, register, listen_var))
+        asyncio.run(
+            serve(service=service, settings=settings, runtime=runtime, register=register, listen_var=listen_var)
+        )
     except* StartupError as group:
         telemetry.shutdown()
         _fail(service, "; ".join(str(e) for e in group.exceptions), 1)

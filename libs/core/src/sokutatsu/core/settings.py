@@ -52,9 +52,7 @@ class _Spec:
     parse: Callable[[str], object]
 
 
-def setting(
-    name: str, default: T, doc: str, parse: Callable[[str], T] | None = None
-) -> T:
+def setting(name: str, default: T, doc: str, parse: Callable[[str], T] | None = None) -> T:
     """Declare a dataclass field read from ``env_prefix + name``."""
     parser: Callable[[str], object] = parse if parse is not None else _parser_for(default)
     spec = _Spec(name=name, default=default, doc=doc, parse=parser)
@@ -106,14 +104,11 @@ def load(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
 
 def describe(cls: type[Settings]) -> list[Knob]:
     """Every knob of ``cls`` with its variable, default and documentation."""
-    return [
-        Knob(env=cls.env_prefix + spec.name, default=_show(spec.default), doc=spec.doc)
-        for _, spec in _specs(cls)
-    ]
+    return [Knob(env=cls.env_prefix + spec.name, default=_show(spec.default), doc=spec.doc) for _, spec in _specs(cls)]
 
 
 def _show(value: object) -> str:
-    if value is None:
+    if value is None or value == "":
         return "(unset)"
     if isinstance(value, bool):
         return "true" if value else "false"

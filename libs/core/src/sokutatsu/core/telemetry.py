@@ -99,9 +99,7 @@ def setup_telemetry(service: str, instance: str, trace_dir: Path | None) -> Tele
     """Install the global tracer provider for ``service`` if tracing is configured."""
     exporters: list[SpanExporter] = []
     destinations: list[str] = []
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-    )
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
             OTLPSpanExporter,
@@ -115,9 +113,7 @@ def setup_telemetry(service: str, instance: str, trace_dir: Path | None) -> Tele
         destinations.append(f"file {path}")
     if not exporters:
         return Telemetry(provider=None, destinations=[])
-    resource = Resource.create(
-        {"service.name": f"sokutatsu-{service}", "service.instance.id": instance}
-    )
+    resource = Resource.create({"service.name": f"sokutatsu-{service}", "service.instance.id": instance})
     provider = TracerProvider(resource=resource)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))

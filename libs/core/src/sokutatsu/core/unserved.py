@@ -40,9 +40,7 @@ def unimplemented_service(service: ServiceDescriptor, pending: str) -> grpc.Gene
     ``pending`` says what is missing, e.g. ``"the broker logic arrives with issue #3"``.
     """
     handlers = {
-        method.name: _handler(
-            method, f"{service.full_name}/{method.name} is not served by this build yet: {pending}"
-        )
+        method.name: _handler(method, f"{service.full_name}/{method.name} is not served by this build yet: {pending}")
         for method in service.methods
     }
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

@@ -13,5 +13,7 @@ from sokutatsu.core.settings import parse_address, parse_name, setting
 class MonitorSettings(ServiceSettings):
     env_prefix: ClassVar[str] = "SOKUTATSU_MONITOR_"
 
-    listen: str = setting("LISTEN", "127.0.0.1:7301", "host:port to serve gRPC on (port 0 = any free port).", parse_address)
+    listen: str = setting(
+        "LISTEN", "127.0.0.1:7301", "host:port to serve gRPC on (port 0 = any free port).", parse_address
+    )
     instance: str = setting("INSTANCE", "monitor", "Name of this monitor in logs and traces.", parse_name)

@@ -19,8 +19,8 @@ def redact(dsn: str) -> str:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparsable DSN>"
-    params.pop("password", None)
-    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+    shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
+    return make_conninfo("", **shown)
 
 
 async def server_version(dsn: str) -> str:
@@ -33,7 +33,7 @@ async def server_version(dsn: str) -> str:
         return str(row[0]) if row else "unknown"
 
 
-async def watch(dsn: str, interval: float, on_change: "asyncio.Queue[bool] | None" = None) -> None:
+async def watch(dsn: str, interval: float, on_change: asyncio.Queue[bool] | None = None) -> None:
     """Check the database every ``interval`` seconds; put each change of reachability on ``on_change``."""
     reachable = True
     while True:

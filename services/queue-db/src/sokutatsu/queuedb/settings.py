@@ -13,7 +13,9 @@ from sokutatsu.core.settings import parse_address, parse_name, parse_positive_fl
 class QueueDbSettings(ServiceSettings):
     env_prefix: ClassVar[str] = "SOKUTATSU_QUEUEDB_"
 
-    listen: str = setting("LISTEN", "127.0.0.1:7401", "host:port to serve gRPC on (port 0 = any free port).", parse_address)
+    listen: str = setting(
+        "LISTEN", "127.0.0.1:7401", "host:port to serve gRPC on (port 0 = any free port).", parse_address
+    )
     instance: str = setting("INSTANCE", "node1", "Node name; transfer peers know each other by it.", parse_name)
     dsn: str = setting(
         "DSN", "", "PostgreSQL connection string of this node's database (required), e.g. postgresql://u@host/db."

@@ -1,0 +1,39 @@
+# Sokutatsu: `make help` lists the targets. Every target installs what it needs first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# uv from PATH, else the copy `make setup` installs under .tools/.
+UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
+# Python comes from the machine (3.11); never download an interpreter.
+export UV_PYTHON_DOWNLOADS := never
+RUN := $(UV) run --locked --no-sync
+
+.PHONY: help setup protos lint test up demo bench
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: ## Install uv and PostgreSQL binaries if missing; sync .venv from uv.lock
+	@scripts/setup.sh
+
+protos: setup ## Regenerate the gRPC stubs in libs/core from protos/ (never edit them by hand)
+	$(RUN) python scripts/gen_protos.py
+
+lint: setup ## ruff format check, ruff lint, mypy --strict
+	$(RUN) ruff format --check .
+	$(RUN) ruff check .
+	$(RUN) mypy
+
+test: setup ## Run every test (real PostgreSQL, gRPC servers and processes); fails if none ran
+	@$(RUN) pytest; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; exit 1; fi; \
+	exit $$status
+
+up: setup ## Run the whole suite as local processes on an embedded PostgreSQL (Ctrl-C stops it)
+	$(RUN) sokutatsu up
+
+demo: setup ## The main job: bring the suite up on the embedded default, check it, stop it
+	$(RUN) sokutatsu demo
+
+bench: setup ## Benchmarks (none yet: they arrive with the broker, issues #3 and #5)
+	@echo "make bench: no benchmarks in this build yet; the broker and peer benchmarks arrive with issues #3 and #5"

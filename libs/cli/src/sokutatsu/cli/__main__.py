@@ -1,0 +1,3 @@
+from sokutatsu.cli.app import main
+
+main()

@@ -1,0 +1,37 @@
+"""Launcher settings and the list of every settings class of the suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from sokutatsu.broker.settings import BrokerSettings
+from sokutatsu.core.embedded_pg import PostgresSettings
+from sokutatsu.core.runtime_settings import RuntimeSettings
+from sokutatsu.core.settings import Settings, setting
+from sokutatsu.monitor.settings import MonitorSettings
+from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.sequencer.settings import SequencerSettings
+
+
+@dataclass(frozen=True)
+class LauncherSettings(Settings):
+    env_prefix: ClassVar[str] = "SOKUTATSU_"
+    check_unknown: ClassVar[bool] = False
+
+    state_dir: Path = setting(
+        "STATE_DIR", Path(".sokutatsu"), "Folder for the launcher's logs, run files and embedded PostgreSQL.", Path
+    )
+
+
+# In the order the configuration reference lists them.
+ALL_SETTINGS: list[tuple[str, type[Settings]]] = [
+    ("Every process", RuntimeSettings),
+    ("Launcher (sokutatsu up)", LauncherSettings),
+    ("PostgreSQL (launcher and tests)", PostgresSettings),
+    ("Broker", BrokerSettings),
+    ("Monitor", MonitorSettings),
+    ("Sequencer", SequencerSettings),
+    ("Queue-db", QueueDbSettings),
+]

@@ -1,0 +1,9 @@
+"""Test session: real PostgreSQL, real gRPC servers, real processes.
+
+PostgreSQL comes from, in order: ``SOKUTATSU_PG_DSN``; a testcontainers
+PostgreSQL container when a Docker engine answers; otherwise an embedded
+cluster started by this session (system initdb/pg_ctl, as the postgres user
+when root). See ``tests/fix_pg.py``.
+"""
+
+pytest_plugins = ["tests.fix_pg"]

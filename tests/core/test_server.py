@@ -1,0 +1,171 @@
+"""The gRPC bootstrap, in process: a real server on 127.0.0.1:0 with a test service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Link
+
+from sokutatsu.core import errors
+from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
+from sokutatsu.core.server import ServiceContext, serve
+from sokutatsu.core.telemetry import JsonLinesSpanExporter
+
+SERVICE = "sokutatsu.test.v1.Probe"
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+async def _raise(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+    kind = request.decode()
+    if kind == "not-found":
+        raise errors.NotFound("topic 'prices' does not exist; create it first")
+    if kind == "exhausted":
+        raise errors.ResourceExhausted("broker max_bytes (64 MiB) reached")
+    if kind == "bug":
+        raise RuntimeError("secret internal detail")
+    return b"ok:" + request
+
+
+async def _stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+    yield b"first"
+    raise errors.Unavailable("peer broker is down; retry")
+
+
+def _handler() -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Call": grpc.unary_unary_rpc_method_handler(_raise, _identity, _identity),
+            "Stream": grpc.unary_stream_rpc_method_handler(_stream, _identity, _identity),
+        },
+    )
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[str]:
+    stop = asyncio.Event()
+    announce = tmp_path / "announce.json"
+    background_cancelled = asyncio.Event()
+
+    async def register(srv: aio.Server, context: ServiceContext) -> Sequence[str]:
+        srv.add_generic_rpc_handlers((_handler(),))
+
+        async def background() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                background_cancelled.set()
+
+        context.start_background(background(), "probe-background")
+        return [SERVICE]
+
+    task = asyncio.create_task(
+        serve(
+            service="probe",
+            settings=ServiceSettings(listen="127.0.0.1:0", instance="p1"),
+            runtime=RuntimeSettings(grace_seconds=1.0, announce_file=announce),
+            register=register,
+            listen_var="SOKUTATSU_PROBE_LISTEN",
+            stop=stop,
+        )
+    )
+    while not announce.exists():
+        assert not task.done(), task
+        await asyncio.sleep(0.01)
+    yield json.loads(announce.read_text())["address"]
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert background_cancelled.is_set(), "background tasks are cancelled and awaited on stop"
+
+
+async def _call(address: str, payload: bytes) -> bytes:
+    async with aio.insecure_channel(address) as channel:
+        method = channel.unary_unary(f"/{SERVICE}/Call", _identity, _identity)
+        result: bytes = await method(payload, timeout=10)
+        return result
+
+
+async def test_domain_errors_become_status_codes(server: str) -> None:
+    assert await _call(server, b"fine") == b"ok:fine"
+    with pytest.raises(aio.AioRpcError) as info:
+        await _call(server, b"not-found")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "topic 'prices' does not exist; create it first"
+    with pytest.raises(aio.AioRpcError) as info:
+        await _call(server, b"exhausted")
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_unexpected_errors_become_internal_without_details(server: str) -> None:
+    with pytest.raises(aio.AioRpcError) as info:
+        await _call(server, b"bug")
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "RuntimeError" in (info.value.details() or "")
+    assert "secret internal detail" not in (info.value.details() or "")
+
+
+async def test_streaming_error_arrives_after_the_items(server: str) -> None:
+    received: list[bytes] = []
+
+    async def drain(call: Any) -> None:
+        received.extend([item async for item in call])
+
+    async with aio.insecure_channel(server) as channel:
+        call = channel.unary_stream(f"/{SERVICE}/Stream", _identity, _identity)(b"", timeout=10)
+        with pytest.raises(aio.AioRpcError) as info:
+            await drain(call)
+    assert received == [b"first"]
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_health_and_reflection(server: str) -> None:
+    async with aio.insecure_channel(server) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", SERVICE):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = set()
+        async for response in responses:
+            names = {s.name for s in response.list_services_response.service}
+    assert {SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def test_json_lines_exporter_writes_otlp_json(tmp_path: Path) -> None:
+    path = tmp_path / "traces" / "spans.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(path)))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("send") as producer:
+        context = producer.get_span_context()
+    with tracer.start_as_current_span("process", links=[Link(context)]):
+        pass
+    provider.shutdown()
+    lines = path.read_text().splitlines()
+    spans = [
+        span
+        for line in lines
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    by_name = {s["name"]: s for s in spans}
+    assert set(by_name) == {"send", "process"}
+    assert by_name["send"]["traceId"] == format(context.trace_id, "032x")
+    assert by_name["send"]["spanId"] == format(context.span_id, "016x")
+    assert by_name["process"]["links"][0]["spanId"] == format(context.span_id, "016x")

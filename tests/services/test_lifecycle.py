@@ -1,0 +1,196 @@
+"""Every service as a real process: SERVING, its API, a graceful stop on SIGTERM, clear start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.health import check
+from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
+from tests.helpers import ServiceProc, run_once, start_service
+
+GRACE_SECONDS = 2.0
+# Bound on waiting for exit: the grace period plus start-up slack of a loaded machine.
+EXIT_LIMIT_SECONDS = GRACE_SECONDS + 20
+
+
+async def _reflected(address: str) -> set[str]:
+    async with aio.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        names: set[str] = set()
+        async for response in stub.ServerReflectionInfo(iter([request])):
+            names |= {s.name for s in response.list_services_response.service}
+        return names
+
+
+async def _unimplemented_call(module: str, address: str) -> aio.AioRpcError:
+    async with aio.insecure_channel(address) as channel:
+        try:
+            if module == "sokutatsu.broker":
+                await broker_pb2_grpc.BrokerAdminStub(channel).ListTopics(broker_pb2.ListTopicsRequest(), timeout=10)
+            elif module == "sokutatsu.monitor":
+                await monitor_pb2_grpc.MonitorStub(channel).GetStatus(monitor_pb2.GetStatusRequest(), timeout=10)
+            elif module == "sokutatsu.sequencer":
+                sequencer = sequencer_pb2_grpc.SequencerStub(channel)
+                await sequencer.GetStatus(sequencer_pb2.GetStatusRequest(), timeout=10)
+            else:
+                queues = queuedb_pb2_grpc.QueueServiceStub(channel)
+                await queues.ListQueues(queuedb_pb2.ListQueuesRequest(), timeout=10)
+        except aio.AioRpcError as exc:
+            return exc
+    raise AssertionError("the call should not succeed in this build")
+
+
+SERVICES = {
+    "sokutatsu.broker": {
+        "sokutatsu.broker.v1.Broker",
+        "sokutatsu.broker.v1.BrokerAdmin",
+        "sokutatsu.broker.v1.BrokerControl",
+    },
+    "sokutatsu.monitor": {"sokutatsu.monitor.v1.Monitor"},
+    "sokutatsu.sequencer": {"sokutatsu.sequencer.v1.Sequencer"},
+    "sokutatsu.queuedb": {"sokutatsu.queuedb.v1.QueueService", "sokutatsu.queuedb.v1.Transfer"},
+}
+PREFIX = {
+    "sokutatsu.broker": "SOKUTATSU_BROKER_",
+    "sokutatsu.monitor": "SOKUTATSU_MONITOR_",
+    "sokutatsu.sequencer": "SOKUTATSU_SEQUENCER_",
+    "sokutatsu.queuedb": "SOKUTATSU_QUEUEDB_",
+}
+
+
+@pytest.fixture(scope="module")
+def node_dsn(pg_dsn: str) -> str:
+    create_database(pg_dsn, "sokutatsu_lifecycle")
+    return database_dsn(pg_dsn, "sokutatsu_lifecycle")
+
+
+def _env(module: str, node_dsn: str, **extra: str) -> dict[str, str]:
+    env = {
+        PREFIX[module] + "LISTEN": "127.0.0.1:0",
+        "SOKUTATSU_GRACE_SECONDS": str(GRACE_SECONDS),
+        **extra,
+    }
+    if module == "sokutatsu.queuedb":
+        env["SOKUTATSU_QUEUEDB_DSN"] = node_dsn
+    return env
+
+
+@pytest.fixture
+def started(request: pytest.FixtureRequest, node_dsn: str, tmp_path: Path) -> Iterator[ServiceProc]:
+    module: str = request.param
+    proc = start_service(module, _env(module, node_dsn), tmp_path)
+    yield proc
+    if proc.process.poll() is None:
+        proc.process.kill()
+        proc.process.wait()
+
+
+@pytest.mark.parametrize("started", sorted(SERVICES), indirect=True)
+def test_service_serves_then_stops_on_sigterm(started: ServiceProc, request: pytest.FixtureRequest) -> None:
+    module = request.node.callspec.params["started"]
+
+    async def probe() -> None:
+        assert await check(started.address) == "SERVING"
+        for name in SERVICES[module]:
+            assert await check(started.address, name) == "SERVING"
+        assert SERVICES[module] <= await _reflected(started.address)
+        error = await _unimplemented_call(module, started.address)
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "issue #" in (error.details() or "")
+
+    asyncio.run(probe())
+    started.process.send_signal(signal.SIGTERM)
+    assert started.process.wait(timeout=EXIT_LIMIT_SECONDS) == 0
+    log = started.output()
+    assert "stopping" in log
+    assert "stopped" in log
+    assert "Traceback" not in log
+
+
+def test_busy_port_is_one_line_and_exit_1(node_dsn: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_once("sokutatsu.broker", {"SOKUTATSU_BROKER_LISTEN": f"127.0.0.1:{port}"})
+    assert result.returncode == 1
+    errors = [ln for ln in result.stderr.splitlines() if "error:" in ln]
+    assert errors == [
+        f"sokutatsu-broker: error: cannot listen on 127.0.0.1:{port}: the port is already in use "
+        "(set SOKUTATSU_BROKER_LISTEN to another host:port)"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_queuedb_without_dsn_is_a_settings_error() -> None:
+    result = run_once("sokutatsu.queuedb", {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": ""})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "sokutatsu-queuedb: error: SOKUTATSU_QUEUEDB_DSN is not set: give this node's PostgreSQL DSN"
+    ]
+
+
+def test_queuedb_with_unreachable_database_is_one_line() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = run_once(
+        "sokutatsu.queuedb",
+        {
+            "SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_QUEUEDB_DSN": f"postgresql://x:secret@127.0.0.1:{port}/db",
+        },
+    )
+    assert result.returncode == 1
+    errors = [ln for ln in result.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1
+    assert errors[0].startswith("sokutatsu-queuedb: error: cannot connect to PostgreSQL at ")
+    assert "secret" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_server_spans_go_to_the_trace_dir(node_dsn: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    proc = start_service(
+        "sokutatsu.broker", _env("sokutatsu.broker", node_dsn, SOKUTATSU_TRACE_DIR=str(traces)), tmp_path
+    )
+    try:
+        asyncio.run(_unimplemented_call("sokutatsu.broker", proc.address))
+    finally:
+        proc.process.send_signal(signal.SIGTERM)
+        proc.process.wait(timeout=EXIT_LIMIT_SECONDS)
+    spans = [
+        span
+        for file in traces.glob("broker-*.jsonl")
+        for line in file.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    names = [s["name"] for s in spans]
+    assert "/sokutatsu.broker.v1.BrokerAdmin/ListTopics" in names
+    listed = next(s for s in spans if s["name"].endswith("ListTopics"))
+    attributes = {a["key"]: a["value"] for a in listed["attributes"]}
+    assert attributes["rpc.grpc.status_code"] == {"intValue": str(grpc.StatusCode.UNIMPLEMENTED.value[0])}
+
+
+def test_sigint_stops_gracefully_too(node_dsn: str, tmp_path: Path) -> None:
+    proc = start_service("sokutatsu.monitor", _env("sokutatsu.monitor", node_dsn), tmp_path)
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=EXIT_LIMIT_SECONDS) == 0
+    assert "Traceback" not in proc.output()
