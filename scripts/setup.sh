@@ -46,5 +46,5 @@ if [ "$(id -u)" = 0 ] && [ -z "${SOKUTATSU_PG_DSN:-}" ] && ! id postgres >/dev/n
 fi
 
 # -- Python environment ------------------------------------------------------
-export UV_PYTHON_DOWNLOADS=never
+export UV_PYTHON_DOWNLOADS=never UV_NATIVE_TLS=1
 "$UV" sync --locked --quiet || fail "uv sync failed (is Python 3.11 installed? is uv.lock current? run: uv lock)"
