@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -108,3 +109,20 @@ def test_launcher_refuses_bad_settings_with_status_2(tmp_path: Path) -> None:
         "sokutatsu: error: SOKUTATSU_PG_PORT='five': expected a whole number "
         "(Port of the embedded cluster; 0 = a free port at each start.)"
     ]
+
+
+def test_busy_fixed_port_names_the_service_and_the_way_out(pg_dsn: str, tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        try:
+            holder.bind(("127.0.0.1", 7101))
+        except OSError:
+            pytest.skip("port 7101 is taken by something else on this machine")
+        holder.listen()
+        launcher = _sokutatsu("up", env={"SOKUTATSU_STATE_DIR": str(tmp_path / "state"), "SOKUTATSU_PG_DSN": pg_dsn})
+        _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sokutatsu: error: seq-a exited with status 1: ")
+    assert "127.0.0.1:7101: the port is already in use" in lines[0]
+    assert "--ports auto" in lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from enum import StrEnum
@@ -27,7 +28,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -99,10 +100,15 @@ def _up(ports: Ports, check_only: bool) -> None:
     except SettingsError as exc:
         _fail(str(exc), 2)
     state_dir = launcher.state_dir.resolve()
+    # The embedded cluster says where it lives and on which port.
+    pg_log = logging.getLogger("sokutatsu.core.embedded_pg")
+    pg_log.setLevel(logging.INFO)
+    pg_log.addHandler(logging.StreamHandler(sys.stdout))
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         with provide_postgres(state_dir, pg) as dsn:
-            console.print(f"PostgreSQL: {dsn if pg.dsn == '' else '(SOKUTATSU_PG_DSN)'}")
+            if pg.dsn:
+                console.print("PostgreSQL: the server of SOKUTATSU_PG_DSN")
             status = asyncio.run(_run_suite(state_dir, dsn, ports, runtime.grace_seconds, check_only))
     except StartupError as exc:
         _fail(str(exc))

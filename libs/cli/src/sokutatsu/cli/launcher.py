@@ -119,10 +119,10 @@ class Suite:
         while time.monotonic() < deadline and not stop.is_set():
             code = running.process.poll()
             if code is not None:
-                raise LaunchError(
-                    f"{running.spec.name} exited with status {code}: {_last_line(running.log_path)} "
-                    f"(log: {running.log_path})"
-                )
+                reason = _last_line(running.log_path)
+                if self.fixed_ports and "already in use" in reason:
+                    reason += "; free the port or run `sokutatsu up --ports auto`"
+                raise LaunchError(f"{running.spec.name} exited with status {code}: {reason} (log: {running.log_path})")
             if not running.address and announce.exists():
                 running.address = json.loads(announce.read_text())["address"]
             if running.address and await check(running.address, rpc_timeout=1.0) == "SERVING":
