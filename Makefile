@@ -7,7 +7,8 @@ UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
 # Python comes from the machine (3.11); never download an interpreter.
 export UV_PYTHON_DOWNLOADS := never
 # Trust the system's certificate store (as pip and curl do), e.g. behind a TLS-inspecting proxy.
-export UV_NATIVE_TLS := 1
+# (UV_SYSTEM_CERTS replaces the deprecated UV_NATIVE_TLS; scripts/setup.sh falls back for an old uv.)
+export UV_SYSTEM_CERTS := 1
 RUN := $(UV) run --locked --no-sync
 
 .PHONY: help setup protos lint test up demo bench

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make setup: install what the project needs on a fresh machine, then sync .venv.
 #   1. uv (from PyPI into .tools/ when it is not on PATH);
-#   2. PostgreSQL server binaries (initdb, pg_ctl) when missing: Debian's
-#      package via apt-get when we are root, otherwise a message saying what to install;
+#   2. PostgreSQL server binaries (initdb, pg_ctl) when missing: the system's
+#      package manager (apt-get, dnf, yum, apk) as root or through passwordless
+#      sudo, or Homebrew; otherwise a message saying what to install;
 #   3. the workspace from uv.lock into .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,18 +28,49 @@ fi
 have_pg() {
   if [ -n "${SOKUTATSU_PG_BINDIR:-}" ]; then [ -x "$SOKUTATSU_PG_BINDIR/initdb" ]; return; fi
   command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
-  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || compgen -G '/usr/pgsql-*/bin/initdb' >/dev/null
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || compgen -G '/usr/pgsql-*/bin/initdb' >/dev/null \
+    || compgen -G '/opt/homebrew/opt/postgresql*/bin/initdb' >/dev/null \
+    || compgen -G '/usr/local/opt/postgresql*/bin/initdb' >/dev/null
+}
+# Whether we may run a command as root: we are root, or sudo works without a password.
+can_root() {
+  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; }
+}
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi
+}
+# Install PostgreSQL with the first package manager we may use; false when none.
+install_pg() {
+  if command -v apt-get >/dev/null 2>&1 && can_root; then
+    say "installing PostgreSQL server binaries (apt-get install postgresql)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  elif command -v dnf >/dev/null 2>&1 && can_root; then
+    say "installing PostgreSQL server binaries (dnf install postgresql-server)"
+    as_root dnf install -y -q postgresql-server >/dev/null
+  elif command -v yum >/dev/null 2>&1 && can_root; then
+    say "installing PostgreSQL server binaries (yum install postgresql-server)"
+    as_root yum install -y -q postgresql-server >/dev/null
+  elif command -v apk >/dev/null 2>&1 && can_root; then
+    say "installing PostgreSQL server binaries (apk add postgresql)"
+    as_root apk add --no-cache --quiet postgresql >/dev/null
+  elif command -v brew >/dev/null 2>&1 && [ "$(id -u)" != 0 ]; then
+    say "installing PostgreSQL server binaries (brew install postgresql@16)"
+    brew install --quiet postgresql@16 >/dev/null
+  else
+    return 2
+  fi
 }
 if [ -n "${SOKUTATSU_PG_DSN:-}" ]; then
   : # an external PostgreSQL is given; no binaries needed
 elif ! have_pg; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    say "installing PostgreSQL server binaries (Debian package postgresql)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null \
-      || fail "apt-get install postgresql failed"
-  else
-    fail "PostgreSQL server binaries (initdb, pg_ctl) are missing: install them (Debian/Ubuntu: sudo apt-get install postgresql; Fedora: sudo dnf install postgresql-server; macOS: brew install postgresql), or set SOKUTATSU_PG_BINDIR, or set SOKUTATSU_PG_DSN to use an existing server"
+  missing="PostgreSQL server binaries (initdb, pg_ctl) are missing: install them (Debian/Ubuntu: sudo apt-get install postgresql; Fedora: sudo dnf install postgresql-server; Alpine: apk add postgresql; macOS: brew install postgresql@16), or set SOKUTATSU_PG_BINDIR, or set SOKUTATSU_PG_DSN to use an existing server"
+  status=0
+  install_pg || status=$?
+  if [ "$status" = 2 ]; then
+    fail "$missing"
+  elif [ "$status" != 0 ] || ! have_pg; then
+    fail "installing PostgreSQL failed; $missing"
   fi
 fi
 if [ "$(id -u)" = 0 ] && [ -z "${SOKUTATSU_PG_DSN:-}" ] && ! id postgres >/dev/null 2>&1; then
@@ -46,5 +78,13 @@ if [ "$(id -u)" = 0 ] && [ -z "${SOKUTATSU_PG_DSN:-}" ] && ! id postgres >/dev/n
 fi
 
 # -- Python environment ------------------------------------------------------
-export UV_PYTHON_DOWNLOADS=never UV_NATIVE_TLS=1
+export UV_PYTHON_DOWNLOADS=never
+# Trust the system's certificate store (as pip and curl do), e.g. behind a TLS-inspecting proxy.
+# uv 0.9 and later call it UV_SYSTEM_CERTS (UV_NATIVE_TLS is deprecated there and warns).
+if "$UV" help sync 2>/dev/null | grep -q -- '--system-certs'; then
+  export UV_SYSTEM_CERTS=1
+  unset UV_NATIVE_TLS
+else
+  export UV_NATIVE_TLS=1
+fi
 "$UV" sync --locked --quiet || fail "uv sync failed (is Python 3.11 installed? is uv.lock current? run: uv lock)"

@@ -7,6 +7,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -45,26 +46,41 @@ def _server_version(dsn: str) -> str:
         return str(row[0]) if row else "?"
 
 
+@dataclass(frozen=True)
+class PgServer:
+    """The session's PostgreSQL: a superuser DSN and where the server came from."""
+
+    dsn: str
+    # "SOKUTATSU_PG_DSN", "testcontainers" or "embedded".
+    source: str
+
+
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """A superuser DSN on a PostgreSQL this session may create databases in."""
+def pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL this session may create databases in (see the module docstring of conftest.py)."""
     if dsn := os.environ.get("SOKUTATSU_PG_DSN"):
-        yield dsn
+        yield PgServer(dsn, "SOKUTATSU_PG_DSN")
         return
     if docker_engine_problem() is None:
         from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
 
         with PostgresContainer("postgres:15", driver=None) as container:
-            yield container.get_connection_url()
+            yield PgServer(container.get_connection_url(), "testcontainers")
         return
     # Under /tmp: when this runs as root, the cluster runs as postgres and must reach it.
     folder = Path(tempfile.mkdtemp(prefix="sokutatsu-test-pg-"))
     folder.chmod(0o755)
     try:
         with EmbeddedPostgres(folder / "data") as pg:
-            yield pg.dsn
+            yield PgServer(pg.dsn, "embedded")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_server: PgServer) -> str:
+    """A superuser DSN on the session's PostgreSQL."""
+    return pg_server.dsn
 
 
 @pytest.fixture(scope="session")

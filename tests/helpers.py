@@ -1,17 +1,26 @@
-"""Running service processes in tests."""
+"""Running service processes in tests.
+
+Every process started here is stopped by the caller's ``finally`` or fixture
+(:func:`ensure_stopped`); a process that does not exit in time is killed, so a
+failing test never leaves one behind.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-# Generous bounds that only stop a hung test; nothing asserts on durations.
+# Generous bounds that only stop a hung test (well under pytest's 120 s timeout);
+# nothing asserts on durations.
 START_LIMIT_SECONDS = 30.0
+STOP_LIMIT_SECONDS = 30.0
 
 
 @dataclass
@@ -25,7 +34,11 @@ class ServiceProc:
 
 
 def run_once(module: str, env: dict[str, str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m module`` to completion (for processes expected to fail at start)."""
+    """Run ``python -m module`` to completion (for processes expected to fail at start).
+
+    On ``TimeoutExpired`` the process is killed and waited for (``subprocess.run`` does it) before the error
+    propagates.
+    """
     return subprocess.run(
         [sys.executable, "-m", module],
         env={**os.environ, **env},
@@ -34,6 +47,30 @@ def run_once(module: str, env: dict[str, str], timeout: float = 60.0) -> subproc
         timeout=timeout,
         check=False,
     )
+
+
+def stop(process: subprocess.Popen[Any], sig: signal.Signals = signal.SIGTERM) -> int:
+    """Send ``sig`` and return the exit status; if it does not exit within the bound, kill it and fail."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout=STOP_LIMIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"pid {process.pid} did not exit within {STOP_LIMIT_SECONDS:g}s of {sig.name}") from None
+
+
+def ensure_stopped(process: subprocess.Popen[Any]) -> None:
+    """Clean-up: SIGTERM a process still running, then SIGKILL if it does not exit."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_LIMIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def start_service(module: str, env: dict[str, str], folder: Path) -> ServiceProc:
@@ -45,13 +82,22 @@ def start_service(module: str, env: dict[str, str], folder: Path) -> ServiceProc
         process = subprocess.Popen(
             [sys.executable, "-m", module], env=full_env, stdout=out, stderr=subprocess.STDOUT, text=True
         )
+    try:
+        address = _wait_announced(module, process, announce, log)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return ServiceProc(process=process, address=address, log=log)
+
+
+def _wait_announced(module: str, process: subprocess.Popen[str], announce: Path, log: Path) -> str:
     deadline = time.monotonic() + START_LIMIT_SECONDS
     while not announce.exists():
         if process.poll() is not None:
             raise AssertionError(f"{module} exited with {process.returncode}: {log.read_text()}")
         if time.monotonic() > deadline:
-            process.kill()
             raise AssertionError(f"{module} did not announce itself: {log.read_text()}")
         time.sleep(0.02)
-    address = json.loads(announce.read_text())["address"]
-    return ServiceProc(process=process, address=address, log=log)
+    address: str = json.loads(announce.read_text())["address"]
+    return address

@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -16,7 +22,7 @@ from sokutatsu.core.embedded_pg import (
     find_bindir,
     provide_postgres,
 )
-from tests.fix_pg import docker_engine_problem
+from tests.fix_pg import PgServer, docker_engine_problem
 
 
 def test_start_connect_stop_and_restart_keeps_data(pg_tmp_folder: Path) -> None:
@@ -79,10 +85,183 @@ def test_external_dsn_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "postgres").exists()
 
 
-def test_testcontainers_postgres(pg_dsn: str) -> None:
-    """With a Docker engine, the session's PostgreSQL is a testcontainers container."""
+def test_testcontainers_postgres(pg_server: PgServer) -> None:
+    """With a Docker engine (and no SOKUTATSU_PG_DSN), the session's PostgreSQL is a testcontainers container."""
     problem = docker_engine_problem()
     if problem is not None or os.environ.get("SOKUTATSU_PG_DSN"):
         pytest.skip(problem or "SOKUTATSU_PG_DSN is set")
-    with psycopg.connect(pg_dsn) as conn:
+    assert pg_server.source == "testcontainers"
+    with psycopg.connect(pg_server.dsn) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+# ------------------------------------------- ownership, interruption, errors --
+
+# Bounds that only stop a hung test; nothing asserts on durations.
+LIMIT_SECONDS = 30.0
+START_THEN_CRASH = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from sokutatsu.core.embedded_pg import EmbeddedPostgres\n"
+    "pg = EmbeddedPostgres(Path(sys.argv[1]))\n"
+    "pg.start()\n"
+    "print(pg.port, flush=True)\n"
+    "os._exit(0)  # a crash: no stop\n"
+)
+START_THEN_STOP = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from sokutatsu.core.embedded_pg import EmbeddedPostgres\n"
+    "pg = EmbeddedPostgres(Path(sys.argv[1]))\n"
+    "pg.start()\n"
+    "pg.stop()\n"
+)
+
+
+def _postmaster_alive(data: Path) -> bool:
+    """Whether the postmaster named in ``data``'s pid file is a live process."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _stop_any_server(data: Path) -> None:
+    """Test clean-up: a server left on ``data`` is adopted and stopped, as the next run would."""
+    if (data / "postmaster.pid").exists():
+        with contextlib.suppress(PostgresError), EmbeddedPostgres(data):
+            pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_a_second_instance_on_the_same_folder_is_refused(pg_tmp_folder: Path) -> None:
+    data = pg_tmp_folder / "data"
+    with EmbeddedPostgres(data) as first:
+        with pytest.raises(PostgresError) as info:
+            EmbeddedPostgres(data).start()
+        assert str(info.value).startswith(f"data folder {data} is in use by another sokutatsu process")
+        assert "\n" not in str(info.value)
+        with psycopg.connect(first.dsn, connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,), "the first one's server keeps running"
+
+
+def test_a_server_left_by_a_crashed_run_is_adopted_and_stopped(pg_tmp_folder: Path) -> None:
+    data = pg_tmp_folder / "data"
+    try:
+        crashed = subprocess.run(
+            [sys.executable, "-c", START_THEN_CRASH, str(data)],
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_SECONDS,
+            check=False,
+        )
+        assert crashed.returncode == 0, crashed.stderr
+        assert _postmaster_alive(data), "the crashed run left its server running"
+        pg = EmbeddedPostgres(data)
+        pg.start()
+        assert pg.port == int(crashed.stdout.split()[-1]), "the leftover server is reused"
+        with psycopg.connect(pg.dsn, connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        pg.stop()
+        assert not _postmaster_alive(data), "an adopted server is stopped at the end"
+    finally:
+        _stop_any_server(data)
+
+
+def test_an_interrupted_first_start_leaves_nothing_behind(pg_tmp_folder: Path) -> None:
+    """SIGINT while initdb (or the start after it) runs: no half-made cluster, no server; the next start works."""
+    data = pg_tmp_folder / "data"
+    child = subprocess.Popen(
+        [sys.executable, "-c", START_THEN_STOP, str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + LIMIT_SECONDS
+        # Aim at initdb: its hidden folder has PG_VERSION early on.
+        while child.poll() is None and time.monotonic() < deadline:
+            if list(pg_tmp_folder.glob(".data.initdb-*/PG_VERSION")):
+                break
+            time.sleep(0.005)
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=LIMIT_SECONDS)
+        assert not _postmaster_alive(data)
+        assert not list(pg_tmp_folder.glob(".data.initdb-*"))
+        if data.exists():
+            assert "Added by sokutatsu" in (data / "postgresql.conf").read_text(), "only whole clusters appear"
+        with EmbeddedPostgres(data) as pg, psycopg.connect(pg.dsn, connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        _stop_any_server(data)
+
+
+def test_a_leftover_of_an_interrupted_initdb_is_removed(pg_tmp_folder: Path) -> None:
+    leftover = pg_tmp_folder / ".data.initdb-crashed"
+    leftover.mkdir()
+    (leftover / "PG_VERSION").write_text("15\n")
+    with EmbeddedPostgres(pg_tmp_folder / "data") as pg, psycopg.connect(pg.dsn, connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert not leftover.exists()
+
+
+def test_start_errors_come_from_this_attempt_not_from_older_log_lines(pg_tmp_folder: Path) -> None:
+    data = pg_tmp_folder / "data"
+    with EmbeddedPostgres(data):
+        pass
+    with (data / "server.log").open("a") as log:
+        log.write("2020-01-01 00:00:00 UTC [1] FATAL:  an old failure of an earlier run\n")
+    # An invalid setting makes this start fail with errors of its own.
+    with (data / "postgresql.conf").open("a") as conf:
+        conf.write("max_connections = 'lots'\n")
+    with pytest.raises(PostgresError) as info:
+        EmbeddedPostgres(data).start()
+    message = str(info.value)
+    assert message.startswith(f"PostgreSQL did not start on {data}: ")
+    assert "contains errors" in message
+    assert "old failure" not in message
+    assert not _postmaster_alive(data)
+
+
+def test_a_busy_fixed_port_is_named(pg_tmp_folder: Path) -> None:
+    data = pg_tmp_folder / "data"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PostgresError) as info:
+            EmbeddedPostgres(data, port=port).start()
+    assert str(info.value) == (
+        f"PostgreSQL cannot listen on 127.0.0.1:{port}: the port is already in use "
+        "(set SOKUTATSU_PG_PORT to another port, or 0 for a free one)"
+    )
+    assert not _postmaster_alive(data)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://someone:s3cret@127.0.0.1:{port}/db",
+        "host=127.0.0.1 port={port} user=someone password=s3cret dbname=db",
+        "postgresql://someone:s3cret@127.0.0.1:notaport/db",
+        "host=127.0.0.1 password=s3cret nonsense",
+    ],
+)
+def test_an_unusable_server_is_one_line_without_the_password(dsn: str) -> None:
+    with pytest.raises(PostgresError) as info:
+        create_database(dsn.format(port=_closed_port()), "sokutatsu_nowhere")
+    message = str(info.value)
+    assert message.startswith("cannot connect to PostgreSQL at ")
+    assert "s3cret" not in message
+    assert "\n" not in message

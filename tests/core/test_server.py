@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ from sokutatsu.core.server import ServiceContext, serve
 from sokutatsu.core.telemetry import JsonLinesSpanExporter
 
 SERVICE = "sokutatsu.test.v1.Probe"
+# Bounds that only stop a hung test (well under pytest's timeout); no assertion is about time.
+LIMIT_SECONDS = 30.0
 
 
 def _identity(b: bytes) -> bytes:
@@ -45,24 +49,38 @@ async def _stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> Asy
     raise errors.Unavailable("peer broker is down; retry")
 
 
-def _handler() -> grpc.GenericRpcHandler:
+def _handler(extra: dict[str, grpc.RpcMethodHandler[Any, Any]] | None = None) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
             "Call": grpc.unary_unary_rpc_method_handler(_raise, _identity, _identity),
             "Stream": grpc.unary_stream_rpc_method_handler(_stream, _identity, _identity),
+            **(extra or {}),
         },
     )
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[str]:
+@dataclass
+class Probe:
+    address: str
+    stop: asyncio.Event
+    health: Any
+    background_cancelled: asyncio.Event
+
+
+@contextlib.asynccontextmanager
+async def _probe_server(
+    tmp_path: Path, grace: float, extra: dict[str, grpc.RpcMethodHandler[Any, Any]] | None = None
+) -> AsyncIterator[Probe]:
+    """serve() in this event loop with the probe service (plus ``extra`` methods); stopped on exit."""
     stop = asyncio.Event()
     announce = tmp_path / "announce.json"
     background_cancelled = asyncio.Event()
+    health: list[Any] = []
 
     async def register(srv: aio.Server, context: ServiceContext) -> Sequence[str]:
-        srv.add_generic_rpc_handlers((_handler(),))
+        srv.add_generic_rpc_handlers((_handler(extra),))
+        health.append(context.health)
 
         async def background() -> None:
             try:
@@ -77,19 +95,28 @@ async def server(tmp_path: Path) -> AsyncIterator[str]:
         serve(
             service="probe",
             settings=ServiceSettings(listen="127.0.0.1:0", instance="p1"),
-            runtime=RuntimeSettings(grace_seconds=1.0, announce_file=announce),
+            runtime=RuntimeSettings(grace_seconds=grace, announce_file=announce),
             register=register,
             listen_var="SOKUTATSU_PROBE_LISTEN",
             stop=stop,
         )
     )
-    while not announce.exists():
-        assert not task.done(), task
-        await asyncio.sleep(0.01)
-    yield json.loads(announce.read_text())["address"]
-    stop.set()
-    await asyncio.wait_for(task, 30)
-    assert background_cancelled.is_set(), "background tasks are cancelled and awaited on stop"
+    try:
+        while not announce.exists():
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
+        address = json.loads(announce.read_text())["address"]
+        yield Probe(address=address, stop=stop, health=health[0], background_cancelled=background_cancelled)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, LIMIT_SECONDS)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[str]:
+    async with _probe_server(tmp_path, grace=1.0) as probe:
+        yield probe.address
+    assert probe.background_cancelled.is_set(), "background tasks are cancelled and awaited on stop"
 
 
 async def _call(address: str, payload: bytes) -> bytes:
@@ -145,6 +172,68 @@ async def test_health_and_reflection(server: str) -> None:
         async for response in responses:
             names = {s.name for s in response.list_services_response.service}
     assert {SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+SlowHandler = Callable[[bytes, aio.ServicerContext[Any, Any]], Coroutine[Any, Any, bytes]]
+
+
+def _slow(handler: SlowHandler) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    return {"Slow": grpc.unary_unary_rpc_method_handler(handler, _identity, _identity)}
+
+
+async def _until_shutdown_began(health: Any) -> None:
+    """Wait until the server is stopping: health reports NOT_SERVING (step 1 of the stop)."""
+    request = health_pb2.HealthCheckRequest(service="")
+    while (await health.Check(request, None)).status == health_pb2.HealthCheckResponse.SERVING:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def test_stop_lets_an_in_flight_call_finish_within_the_grace(tmp_path: Path) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        entered.set()
+        await release.wait()
+        return b"finished"
+
+    # A grace far longer than the call needs: the call ends when the test releases it.
+    async with (
+        _probe_server(tmp_path, grace=LIMIT_SECONDS / 2, extra=_slow(slow)) as probe,
+        aio.insecure_channel(probe.address) as channel,
+    ):
+        method = channel.unary_unary(f"/{SERVICE}/Slow", _identity, _identity)
+        call = asyncio.ensure_future(method(b"", timeout=2 * LIMIT_SECONDS))
+        await asyncio.wait_for(entered.wait(), LIMIT_SECONDS)
+        probe.stop.set()  # what SIGTERM does
+        await asyncio.wait_for(_until_shutdown_began(probe.health), LIMIT_SECONDS)
+        release.set()
+        assert await call == b"finished"
+
+
+async def test_a_call_longer_than_the_grace_is_cancelled(tmp_path: Path) -> None:
+    entered, handler_cancelled = asyncio.Event(), asyncio.Event()
+
+    async def never_done(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            handler_cancelled.set()
+            raise
+        return b"unreachable"
+
+    async with (
+        _probe_server(tmp_path, grace=0.2, extra=_slow(never_done)) as probe,
+        aio.insecure_channel(probe.address) as channel,
+    ):
+        method = channel.unary_unary(f"/{SERVICE}/Slow", _identity, _identity)
+        call = asyncio.ensure_future(method(b"", timeout=2 * LIMIT_SECONDS))
+        await asyncio.wait_for(entered.wait(), LIMIT_SECONDS)
+        probe.stop.set()
+        with pytest.raises(aio.AioRpcError) as info:
+            await asyncio.wait_for(call, LIMIT_SECONDS)
+    assert info.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert handler_cancelled.is_set(), "the handler is cancelled, not left running"
 
 
 def test_json_lines_exporter_writes_otlp_json(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def test_runtime_settings_parse_paths() -> None:
         ({"SOKUTATSU_BROKER_LISTEN": "nowhere"}, "SOKUTATSU_BROKER_LISTEN"),
         ({"SOKUTATSU_BROKER_LISTN": "127.0.0.1:0"}, "SOKUTATSU_BROKER_LISTN"),
         ({"SOKUTATSU_LOG_LEVEL": "loud"}, "SOKUTATSU_LOG_LEVEL"),
+        ({"SOKUTATSU_STATEDIR": "state"}, "SOKUTATSU_STATEDIR"),
     ],
 )
 def test_service_refuses_bad_settings_with_one_line_and_status_2(env: dict[str, str], var: str) -> None:
@@ -112,6 +113,54 @@ def test_service_refuses_bad_settings_with_one_line_and_status_2(env: dict[str, 
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("sokutatsu-broker: error: ")
     assert var in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("var", "meant"),
+    [
+        ("SOKUTATSU_GRACE_SECOND", "SOKUTATSU_GRACE_SECONDS"),
+        ("SOKUTATSU_STATEDIR", "SOKUTATSU_STATE_DIR"),
+        ("SOKUTATSU_LOGLEVEL", "SOKUTATSU_LOG_LEVEL"),
+        ("SOKUTATSU_BROKR_LISTEN", "SOKUTATSU_BROKER_LISTEN"),
+        ("SOKUTATSU_QUEUE_DB_DSN", "SOKUTATSU_QUEUEDB_DSN"),
+    ],
+)
+def test_a_sokutatsu_variable_nobody_reads_is_refused_with_a_hint(var: str, meant: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load(RuntimeSettings, {var: "1"})
+    assert str(info.value) == f"{var}: unknown variable; did you mean {meant}?"
+
+
+def test_an_unknown_variable_without_a_close_name_lists_the_known_ones() -> None:
+    with pytest.raises(SettingsError) as info:
+        load(RuntimeSettings, {"SOKUTATSU_XYZZY": "1"})
+    message = str(info.value)
+    assert message.startswith("SOKUTATSU_XYZZY: unknown variable; known: SOKUTATSU_ANNOUNCE_FILE, ")
+    assert "SOKUTATSU_STATE_DIR" in message
+    assert "SOKUTATSU_BROKER_" in message
+    assert "\n" not in message
+
+
+def test_variables_of_other_settings_classes_are_not_unknown() -> None:
+    """The launcher's names and everything under a service prefix belong to other classes (which check them)."""
+    env = {
+        "SOKUTATSU_STATE_DIR": "state",
+        "SOKUTATSU_PG_DSN": "",
+        "SOKUTATSU_BROKER_WHATEVER": "checked by the broker",
+        "SOKUTATSU_MONITOR_LISTEN": "127.0.0.1:0",
+        "SOKUTATSU_SEQUENCER_LISTEN": "127.0.0.1:0",
+        "SOKUTATSU_QUEUEDB_DSN": "x",
+        "SOKUTATSU_PARENT_PID": "1",
+    }
+    assert load(RuntimeSettings, env) == RuntimeSettings(parent_pid=1)
+
+
+def test_every_process_refuses_an_unknown_sokutatsu_variable() -> None:
+    result = run_once("sokutatsu.monitor", {"SOKUTATSU_MONITOR_LISTEN": "127.0.0.1:0", "SOKUTATSU_GRACE_SECOND": "1"})
+    assert result.returncode == 2
+    assert result.stderr == (
+        "sokutatsu-monitor: error: SOKUTATSU_GRACE_SECOND: unknown variable; did you mean SOKUTATSU_GRACE_SECONDS?\n"
+    )
 
 
 def test_configuration_reference_is_current() -> None:

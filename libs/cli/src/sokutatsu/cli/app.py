@@ -6,17 +6,19 @@ import asyncio
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli.launcher import Running, Suite
+from sokutatsu.cli import client_commands
+from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
-from sokutatsu.cli.topology import suite
+from sokutatsu.cli.topology import ServiceProcess, suite
 from sokutatsu.core.embedded_pg import PostgresSettings, provide_postgres
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.runtime_settings import RuntimeSettings
@@ -37,9 +39,22 @@ class Ports(StrEnum):
     auto = "auto"
 
 
-def _fail(message: str, status: int = 1) -> None:
+@dataclass(frozen=True)
+class _Options:
+    ports: Ports
+    check_only: bool
+    grace: float
+
+
+def _fail(message: str, status: int = 1) -> NoReturn:
     err.print(f"sokutatsu: error: {message}", markup=False)
     raise typer.Exit(status)
+
+
+def _interrupted(signals: StopSignals) -> int:
+    """One line for a stop signal that came before the suite was up; the exit status (128 + signal)."""
+    err.print(f"sokutatsu: interrupted by {signals.name} while starting; everything started was stopped", markup=False)
+    return 128 + (signals.received or signal.SIGTERM)
 
 
 def _endpoint_table(running: list[Running]) -> Table:
@@ -51,21 +66,29 @@ def _endpoint_table(running: list[Running]) -> Table:
     return table
 
 
-async def _run_suite(state_dir: Path, pg_dsn: str, ports: Ports, grace: float, check_only: bool) -> int:
+async def _run_suite(
+    state_dir: Path,
+    pg_dsn: str,
+    specs: list[ServiceProcess],
+    options: _Options,
+    signals: StopSignals,
+) -> int:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    launched = Suite(state_dir, pg_dsn, fixed_ports=ports is Ports.fixed, grace_seconds=grace)
+    signals.attach(asyncio.get_running_loop(), stop)
+    launched = Suite(state_dir, pg_dsn, fixed_ports=options.ports is Ports.fixed, grace_seconds=options.grace)
     status = 0
     try:
-        await launched.start(
-            suite(), stop, lambda r: console.print(f"  [green]SERVING[/] {r.spec.name:<10} {r.address}")
-        )
+        await launched.start(specs, stop, lambda r: console.print(f"  [green]SERVING[/] {r.spec.name:<10} {r.address}"))
         console.print(_endpoint_table(launched.running))
-        console.print(f"logs: {state_dir / 'logs'}   endpoints: {state_dir / 'endpoints.json'}")
-        if check_only:
-            console.print(f"all {len(launched.running)} services report SERVING; stopping")
+        console.print(f"logs: {state_dir / 'logs'}   endpoints: {launched.endpoints_file}")
+        if options.check_only:
+            # A last sweep over every gRPC service of every process, not only the server as a whole.
+            problems = await launched.unhealthy()
+            if problems:
+                err.print(f"sokutatsu: error: not SERVING: {'; '.join(problems)}", markup=False)
+                status = 1
+            else:
+                console.print(f"all {len(launched.running)} services report SERVING; stopping")
         else:
             console.print("running; Ctrl-C or SIGTERM stops everything")
             while not stop.is_set():
@@ -79,11 +102,14 @@ async def _run_suite(state_dir: Path, pg_dsn: str, ports: Ports, grace: float, c
                     status = 1
                     break
                 await asyncio.sleep(0.2)
+    except Interrupted:
+        status = _interrupted(signals)
     except StartupError as exc:
         err.print(f"sokutatsu: error: {exc}", markup=False)
         status = 1
     finally:
         results = await launched.stop()
+        signals.detach()
         bad = [f"{name} ({code})" for name, code in results if code not in (0, None)]
         if bad and status == 0:
             err.print(f"sokutatsu: error: did not stop cleanly: {', '.join(bad)}", markup=False)
@@ -92,29 +118,53 @@ async def _run_suite(state_dir: Path, pg_dsn: str, ports: Ports, grace: float, c
     return status
 
 
+def _up_locked(state_dir: Path, pg: PostgresSettings, options: _Options, signals: StopSignals) -> int:
+    """Everything after the settings: lock, PostgreSQL, databases, the suite. Returns the exit status."""
+    with state_lock(state_dir), provide_postgres(state_dir, pg) as dsn:
+        try:
+            if pg.dsn:
+                console.print("PostgreSQL: the server of SOKUTATSU_PG_DSN")
+            specs = suite()
+            # Before the event loop: blocking, and interruptible like the PostgreSQL start.
+            prepare_databases(dsn, specs)
+        finally:
+            # From here on (the suite, then every clean-up) signals only ask the loop to stop.
+            signals.calm()
+        return asyncio.run(_run_suite(state_dir, dsn, specs, options, signals))
+
+
 def _up(ports: Ports, check_only: bool) -> None:
+    # From the first moment: a signal never leaves a traceback or a half-started suite behind.
+    with StopSignals() as signals:
+        try:
+            status = _up_guarded(ports, check_only, signals)
+        except Interrupted:
+            status = _interrupted(signals)
+    raise typer.Exit(status)
+
+
+def _up_guarded(ports: Ports, check_only: bool, signals: StopSignals) -> int:
     try:
         launcher = load(LauncherSettings)
         runtime = load(RuntimeSettings)
         pg = load(PostgresSettings)
     except SettingsError as exc:
+        signals.calm()
         _fail(str(exc), 2)
     state_dir = launcher.state_dir.resolve()
+    options = _Options(ports=ports, check_only=check_only, grace=runtime.grace_seconds)
     # The embedded cluster says where it lives and on which port.
     pg_log = logging.getLogger("sokutatsu.core.embedded_pg")
     pg_log.setLevel(logging.INFO)
     pg_log.addHandler(logging.StreamHandler(sys.stdout))
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        with provide_postgres(state_dir, pg) as dsn:
-            if pg.dsn:
-                console.print("PostgreSQL: the server of SOKUTATSU_PG_DSN")
-            status = asyncio.run(_run_suite(state_dir, dsn, ports, runtime.grace_seconds, check_only))
+        return _up_locked(state_dir, pg, options, signals)
     except StartupError as exc:
+        signals.calm()
         _fail(str(exc))
     except PermissionError as exc:
+        signals.calm()
         _fail(f"cannot write {exc.filename}: permission denied (set SOKUTATSU_STATE_DIR to a folder you own)")
-    raise typer.Exit(status)
 
 
 @app.command()
@@ -160,6 +210,16 @@ def config(
         for knob in describe(cls):
             table.add_row(knob.env, knob.default, knob.doc)
         console.print(table)
+
+
+app.command()(client_commands.publish)
+app.command()(client_commands.subscribe)
+metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_args_is_help=True)
+metrics_app.command("broker")(client_commands.metrics_broker)
+app.add_typer(metrics_app, name="metrics")
+bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
+bench_app.command("throughput")(client_commands.bench_throughput)
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

@@ -1,31 +1,38 @@
 """Runs the whole suite as local processes on an embedded PostgreSQL.
 
-Start: PostgreSQL (or ``SOKUTATSU_PG_DSN``), its databases, then each service
-in topology order as ``python -m sokutatsu.<service>``; each is waited for
-until it reports SERVING on gRPC health. Stop (Ctrl-C, SIGTERM, or one
-service dying): every service gets SIGTERM in reverse order and its grace
-period, then SIGKILL; PostgreSQL stops last.
+Start: the state folder's lock (one launcher per folder), PostgreSQL (or
+``SOKUTATSU_PG_DSN``), its databases, then each service in topology order as
+``python -m sokutatsu.<service>``; each is waited for until it reports SERVING
+on gRPC health. Stop (Ctrl-C, SIGTERM, or one service dying): every service
+gets SIGTERM in reverse order and its grace period, then SIGKILL; PostgreSQL
+stops last. SIGINT and SIGTERM are handled by :class:`StopSignals` for the
+launcher's whole life, so an interruption while PostgreSQL or a service is
+starting still stops everything that started.
+
+Each service gets ``SOKUTATSU_PARENT_PID`` (this process) and stops by itself
+if the launcher disappears without stopping it (e.g. SIGKILL).
 
 Services announce their address in ``<state>/run/<name>.json`` (so port 0
 works) and log to ``<state>/logs/<name>.log``; ``<state>/endpoints.json``
-lists the running suite.
+lists the running suite (written atomically).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 from sokutatsu.cli.topology import ServiceProcess
 from sokutatsu.core.embedded_pg import create_database, database_dsn
@@ -34,10 +41,106 @@ from sokutatsu.core.health import check
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_MARGIN_SECONDS = 5.0
+HEALTH_RPC_TIMEOUT_SECONDS = 5.0
 
 
 class LaunchError(StartupError):
     """A service did not come up; the message says which and why."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived before the suite was up.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``), so no ``except Exception``
+    on the way swallows it; the command turns it into one line.
+    """
+
+
+@dataclass
+class StopSignals:
+    """SIGINT and SIGTERM for the launcher's whole life (a context manager).
+
+    While the suite is being prepared (PostgreSQL, databases) the first signal
+    raises :class:`Interrupted` where the program is, so ``finally`` blocks
+    stop what started. From :meth:`calm` on, signals only set the running
+    event loop's stop event (see :meth:`attach`), so clean-up is never
+    interrupted. Later signals are only recorded.
+    """
+
+    received: int | None = None
+    raising: bool = True
+    _wake: Callable[[], None] | None = None
+    _saved: dict[int, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "a signal"
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.received is None
+        if first:
+            self.received = signum
+        if self._wake is not None:
+            self._wake()
+        elif first and self.raising:
+            raise Interrupted
+
+    def calm(self) -> None:
+        """From now on, never raise: only record (and wake an attached loop)."""
+        self.raising = False
+
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+        """Signals set ``stop`` (from the signal handler, safely, through the loop)."""
+        self.calm()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(stop.set)
+
+        self._wake = wake
+        if self.received is not None:
+            stop.set()
+
+    def detach(self) -> None:
+        self._wake = None
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """Hold ``<state_dir>/.lock`` (flock) for the block; refuse if another launcher holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise LaunchError(
+                f"another sokutatsu{who} is already running on the state folder {state_dir}: "
+                "stop it first, or set SOKUTATSU_STATE_DIR to another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def prepare_databases(pg_dsn: str, specs: list[ServiceProcess]) -> None:
+    """Create the databases the services need (PostgresError, one line, when the server cannot)."""
+    for spec in specs:
+        if spec.database:
+            create_database(pg_dsn, spec.database)
 
 
 @dataclass
@@ -51,14 +154,6 @@ class Running:
     @property
     def pid(self) -> int:
         return self.process.pid
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the launcher dies, and ignore the terminal's Ctrl-C."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _last_line(path: Path) -> str:
@@ -82,16 +177,22 @@ class Suite:
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (state_dir / "run").mkdir(parents=True, exist_ok=True)
 
+    @property
+    def endpoints_file(self) -> Path:
+        return self.state_dir / "endpoints.json"
+
     def _env(self, spec: ServiceProcess, announce: Path) -> dict[str, str]:
         env = dict(os.environ)
         env.update(spec.env)
         env["SOKUTATSU_ANNOUNCE_FILE"] = str(announce)
         env["SOKUTATSU_GRACE_SECONDS"] = str(self.grace_seconds)
+        env["SOKUTATSU_PARENT_PID"] = str(os.getpid())
         env[spec.prefix + "INSTANCE"] = spec.name
         port = spec.fixed_port if self.fixed_ports else 0
         env[spec.prefix + "LISTEN"] = f"127.0.0.1:{port}"
+        if spec.keeps_state:
+            env[spec.prefix + "STATE_DIR"] = str(self.state_dir / spec.name)
         if spec.database:
-            create_database(self.pg_dsn, spec.database)
             env[spec.prefix + "DSN"] = database_dsn(self.pg_dsn, spec.database)
         return env
 
@@ -99,16 +200,22 @@ class Suite:
         announce = self.state_dir / "run" / f"{spec.name}.json"
         announce.unlink(missing_ok=True)
         log_path = self.state_dir / "logs" / f"{spec.name}.log"
+        env = self._env(spec, announce)
         log = log_path.open("ab")
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", spec.module],
-            env=self._env(spec, announce),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
-        )
+        try:
+            # Its own session: a terminal's Ctrl-C reaches the launcher only, which stops
+            # the services in order.
+            process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-m", spec.module],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            log.close()
+            raise
         running = Running(spec=spec, process=process, log_path=log_path, log=log)
         self.running.append(running)
         return running
@@ -129,7 +236,7 @@ class Suite:
                 return
             await asyncio.sleep(0.05)
         if stop.is_set():
-            raise LaunchError("interrupted while starting")
+            raise Interrupted
         raise LaunchError(
             f"{running.spec.name} did not report SERVING within {READY_TIMEOUT_SECONDS:g}s (log: {running.log_path})"
         )
@@ -138,17 +245,32 @@ class Suite:
         self, specs: list[ServiceProcess], stop: asyncio.Event, progress: Callable[[Running], None]
     ) -> None:
         for spec in specs:
+            if stop.is_set():
+                raise Interrupted
             running = self.spawn(spec)
             await self.wait_ready(running, stop)
             progress(running)
         self.write_endpoints()
 
     def write_endpoints(self) -> None:
+        """``endpoints.json``, replaced atomically: a reader sees the old file or the whole new one."""
         payload = [
             {"name": r.spec.name, "role": r.spec.role, "address": r.address, "pid": r.pid, "log": str(r.log_path)}
             for r in self.running
         ]
-        (self.state_dir / "endpoints.json").write_text(json.dumps(payload, indent=2))
+        tmp = self.endpoints_file.with_name(f".{self.endpoints_file.name}.tmp")
+        tmp.write_text(json.dumps(payload, indent=2))
+        tmp.replace(self.endpoints_file)
+
+    async def unhealthy(self) -> list[str]:
+        """Every (process, gRPC service) that does not report SERVING, as ``"name service: STATUS"``."""
+        problems = []
+        for r in self.running:
+            for service in ("", *r.spec.services):
+                status = await check(r.address, service, rpc_timeout=HEALTH_RPC_TIMEOUT_SECONDS)
+                if status != "SERVING":
+                    problems.append(f"{r.spec.name} {service or '(server)'}: {status}")
+        return problems
 
     def exited(self) -> Running | None:
         """A service that stopped on its own, if any."""
@@ -170,5 +292,5 @@ class Suite:
             running.log.close()
             results.append((running.spec.name, proc.returncode))
         self.running.clear()
-        (self.state_dir / "endpoints.json").unlink(missing_ok=True)
+        self.endpoints_file.unlink(missing_ok=True)
         return results

@@ -18,6 +18,8 @@ from sokutatsu.sequencer.settings import SequencerSettings
 @dataclass(frozen=True)
 class LauncherSettings(Settings):
     env_prefix: ClassVar[str] = "SOKUTATSU_"
+    # RuntimeSettings refuses unknown SOKUTATSU_* names for every process; it knows
+    # this class's names through LAUNCHER_NAMES (tests/cli/test_config.py keeps them in step).
     check_unknown: ClassVar[bool] = False
 
     state_dir: Path = setting(

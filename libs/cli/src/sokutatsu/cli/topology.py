@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.monitor.v1 import monitor_pb2
+from sokutatsu.queuedb.v1 import queuedb_pb2
+from sokutatsu.sequencer.v1 import sequencer_pb2
 
 
 @dataclass(frozen=True)
@@ -15,25 +21,56 @@ class ServiceProcess:
     prefix: str
     fixed_port: int
     role: str
+    # Full names of the gRPC services it serves; each must report SERVING on health.
+    services: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     # Database the process needs on the suite's PostgreSQL, if any.
     database: str | None = None
+    # Whether it keeps files: it gets <prefix>STATE_DIR=<state dir>/<name>, a folder of its own.
+    keeps_state: bool = False
+
+
+def _served(proto_module: Any) -> tuple[str, ...]:
+    """Every service declared in a generated ``*_pb2`` module."""
+    return tuple(s.full_name for s in proto_module.DESCRIPTOR.services_by_name.values())
 
 
 def suite() -> list[ServiceProcess]:
     """Every process of the suite, in start order (stopped in reverse)."""
+    sequencer = _served(sequencer_pb2)
+    broker = _served(broker_pb2)
+    queuedb = _served(queuedb_pb2)
     return [
-        ServiceProcess("seq-a", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7101, "sequencer, domain a"),
-        ServiceProcess("seq-b", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7102, "sequencer, domain b"),
-        ServiceProcess("broker-a", "sokutatsu.broker", "SOKUTATSU_BROKER_", 7201, "broker (active)"),
-        ServiceProcess("broker-b", "sokutatsu.broker", "SOKUTATSU_BROKER_", 7202, "broker (standby)"),
-        ServiceProcess("monitor", "sokutatsu.monitor", "SOKUTATSU_MONITOR_", 7301, "monitor"),
+        ServiceProcess("seq-a", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7101, "sequencer, domain a", sequencer),
+        ServiceProcess("seq-b", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7102, "sequencer, domain b", sequencer),
+        ServiceProcess(
+            "broker-a",
+            "sokutatsu.broker",
+            "SOKUTATSU_BROKER_",
+            7201,
+            "broker (active)",
+            broker,
+            env={"SOKUTATSU_BROKER_ROLE": "active"},
+            keeps_state=True,
+        ),
+        ServiceProcess(
+            "broker-b",
+            "sokutatsu.broker",
+            "SOKUTATSU_BROKER_",
+            7202,
+            "broker (standby)",
+            broker,
+            env={"SOKUTATSU_BROKER_ROLE": "standby"},
+            keeps_state=True,
+        ),
+        ServiceProcess("monitor", "sokutatsu.monitor", "SOKUTATSU_MONITOR_", 7301, "monitor", _served(monitor_pb2)),
         ServiceProcess(
             "queuedb-1",
             "sokutatsu.queuedb",
             "SOKUTATSU_QUEUEDB_",
             7401,
             "queue-db node 1",
+            queuedb,
             database="sokutatsu_node1",
         ),
         ServiceProcess(
@@ -42,6 +79,7 @@ def suite() -> list[ServiceProcess]:
             "SOKUTATSU_QUEUEDB_",
             7402,
             "queue-db node 2",
+            queuedb,
             database="sokutatsu_node2",
         ),
     ]

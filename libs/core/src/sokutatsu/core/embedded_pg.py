@@ -9,13 +9,31 @@ refuses to run as root, so when this process is root the cluster runs as the
 ``SOKUTATSU_PG_DSN`` when that is set (nothing is started), and otherwise
 starts an embedded cluster for the duration of the ``with`` block.
 
+Safety rules:
+
+* A new cluster is made by ``initdb`` in a hidden sibling folder, configured,
+  and only then renamed into place, so an interrupted ``initdb`` never leaves a
+  half-made data folder behind (leftover siblings are removed at the next start).
+* While an :class:`EmbeddedPostgres` has the data folder, it holds an exclusive
+  ``flock`` on it: a second one (another launcher, another test session) is
+  refused instead of sharing, and later stopping, the first one's server.
+* A server found running on the folder when nobody holds that lock is a
+  leftover of a run that crashed: it is adopted (reused, and stopped at the
+  end like one started here). A server is never stopped otherwise unless this
+  object started it.
+* If anything fails or is interrupted once ``pg_ctl start`` has been tried,
+  the server is stopped again before the error propagates (``__exit__`` does
+  not run when ``__enter__`` fails).
+
 Every failure (no binaries, a folder owned by someone else, a server that does
-not start) raises :class:`PostgresError` with one line saying what to do.
+not start, an unreachable server) raises :class:`PostgresError` with one line
+saying what to do; DSNs in messages never show a password.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import logging
@@ -34,6 +52,7 @@ from typing import ClassVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.settings import Settings, parse_int, parse_optional_path, setting
@@ -49,10 +68,13 @@ max_prepared_transactions = 64
 max_connections = 200
 logging_collector = off
 """
+# pg_ctl waits this long for the server to start or stop.
+PG_CTL_TIMEOUT_SECONDS = 60
+CONNECT_TIMEOUT_SECONDS = 10
 
 
 class PostgresError(StartupError):
-    """The embedded cluster cannot be found, prepared, started or stopped."""
+    """The embedded cluster cannot be found, prepared, started or stopped, or a server cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +112,12 @@ def find_bindir(configured: Path | None = None) -> Path:
     if found and shutil.which("pg_ctl"):
         return Path(found).resolve().parent
     candidates = [Path(p) for p in ("/usr/local/pgsql/bin",)]
-    for pattern in ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/opt/homebrew/opt/postgresql*/bin"):
+    for pattern in (
+        "/usr/lib/postgresql/*/bin",
+        "/usr/pgsql-*/bin",
+        "/opt/homebrew/opt/postgresql*/bin",
+        "/usr/local/opt/postgresql*/bin",
+    ):
         candidates += sorted((Path(p) for p in glob.glob(pattern)), key=_version_key, reverse=True)
     for candidate in candidates:
         if ok(candidate):
@@ -159,6 +186,24 @@ def default_data_dir(state_dir: Path) -> Path:
     return fallback
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder`` (waiting for it) for the ``with`` block."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
 class EmbeddedPostgres:
     """One private cluster on ``data_dir``. Use as a context manager or call start/stop."""
 
@@ -168,7 +213,9 @@ class EmbeddedPostgres:
         self._fixed_port = port
         self.port = 0
         self._who = _run_as()
-        self._started_here = False
+        # Whether stop() stops the server: it was started here, or adopted from a crashed run.
+        self._owns_server = False
+        self._lock_fd: int | None = None
 
     # -- helpers ---------------------------------------------------------------
     @property
@@ -182,23 +229,43 @@ class EmbeddedPostgres:
     def dsn_for(self, database: str) -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        kwargs: dict[str, object] = {}
-        if self._who is not None:
-            kwargs = {"user": self._who.uid, "group": self._who.gid, "extra_groups": []}
-        proc: subprocess.CompletedProcess[str] = subprocess.run(  # noqa: S603 - fixed binaries, built here
-            [str(self.bindir / args[0]), *args[1:]],
-            capture_output=True,
-            text=True,
-            cwd="/",
-            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
-            check=False,
-            **kwargs,  # type: ignore[call-overload]
-        )
-        if check and proc.returncode != 0:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise PostgresError(f"{args[0]} failed on {self.data_dir}: {detail[-1] if detail else proc.returncode}")
-        return proc
+    def _run(self, *args: str, check: bool = True, finish: bool = True) -> _Result:
+        """Run a PostgreSQL program (as postgres when root) in its own session.
+
+        Its own session keeps a terminal's Ctrl-C away from it: only this
+        process decides. If this process is interrupted meanwhile, the program
+        is left to finish (``finish``, e.g. ``pg_ctl start``, so that the
+        server's state is known afterwards) or killed (``initdb``), and the
+        interruption propagates.
+        """
+        who = self._who
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(  # noqa: S603 - fixed binaries, built here
+                [str(self.bindir / args[0]), *args[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd="/",
+                env={**os.environ, "LC_ALL": "C", "LANG": "C"},
+                start_new_session=True,
+                user=who.uid if who else None,
+                group=who.gid if who else None,
+                extra_groups=[] if who else None,
+            )
+            try:
+                code = proc.wait()
+            except BaseException:
+                if not finish:
+                    proc.kill()
+                proc.wait()
+                raise
+            out.seek(0)
+            err.seek(0)
+            result = _Result(code, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+        if check and result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            raise PostgresError(f"{args[0]} failed on {self.data_dir}: {detail[-1] if detail else result.returncode}")
+        return result
 
     def _owner_name(self, uid: int) -> str:
         try:
@@ -206,75 +273,170 @@ class EmbeddedPostgres:
         except KeyError:
             return f"uid {uid}"
 
-    def _prepare_folder(self) -> bool:
-        """Check or create the data folder; return True when it needs initdb."""
+    def _check_existing(self) -> None:
+        """The data folder is not empty: it must be a cluster the server's user owns."""
+        d = self.data_dir
         who_uid = self._who.uid if self._who else os.geteuid()
         who_name = self._who.name if self._who else self._owner_name(os.geteuid())
+        owner = d.stat().st_uid
+        if owner != who_uid:
+            raise PostgresError(
+                f"data folder {d} belongs to {self._owner_name(owner)}, but the cluster runs as {who_name}: "
+                "choose another folder (SOKUTATSU_PG_DATA or the state dir) or hand this one over"
+            )
+        if not (d / "PG_VERSION").exists():
+            raise PostgresError(f"{d} is not empty and is not a PostgreSQL data folder; choose an empty folder")
+
+    def _prepare_folder(self) -> None:
+        """Check the data folder, or make a new cluster there."""
         d = self.data_dir
         if self._who is not None and not _can_reach(d.parent, self._who):
             raise PostgresError(
                 f"the postgres user cannot reach {d.parent} (PostgreSQL runs as postgres because this is root); "
                 "set SOKUTATSU_PG_DATA to a folder under /tmp or /var/tmp"
             )
-        if d.exists() and any(d.iterdir()):
-            owner = d.stat().st_uid
-            if owner != who_uid:
-                raise PostgresError(
-                    f"data folder {d} belongs to {self._owner_name(owner)}, but the cluster runs as {who_name}: "
-                    "choose another folder (SOKUTATSU_PG_DATA or the state dir) or hand this one over"
-                )
-            if not (d / "PG_VERSION").exists():
-                raise PostgresError(f"{d} is not empty and is not a PostgreSQL data folder; choose an empty folder")
-            return False
-        d.mkdir(parents=True, exist_ok=True)
-        if self._who is not None:
-            os.chown(d, self._who.uid, self._who.gid)
-        d.chmod(0o700)
-        return True
+        if d.is_dir() and any(d.iterdir()):
+            self._check_existing()
+            return
+        d.parent.mkdir(parents=True, exist_ok=True)
+        # One initdb at a time next to this folder, so leftovers can be removed safely.
+        with _folder_lock(d.parent):
+            if d.is_dir() and any(d.iterdir()):
+                self._check_existing()
+                return
+            self._initdb_into_place()
 
-    def _running_port(self) -> int | None:
-        """The port of a server already running on this folder, if any."""
-        pid_file = self.data_dir / "postmaster.pid"
-        if not pid_file.exists():
-            return None
-        if self._run("pg_ctl", "status", "-D", str(self.data_dir), check=False).returncode != 0:
-            return None
-        lines = pid_file.read_text().splitlines()
-        return int(lines[3]) if len(lines) > 3 and lines[3].isdigit() else None
-
-    # -- lifecycle -------------------------------------------------------------
-    def start(self) -> str:
-        """Initialise the folder if new, start the server, return its DSN."""
-        if self._prepare_folder():
+    def _initdb_into_place(self) -> None:
+        """initdb in a hidden sibling folder, configure it, then rename it to the data folder."""
+        d = self.data_dir
+        for leftover in d.parent.glob(f".{d.name}.initdb-*"):
+            log.info("removing %s, left by an interrupted initdb", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.initdb-", dir=d.parent))
+        try:
+            if self._who is not None:
+                os.chown(tmp, self._who.uid, self._who.gid)
+            tmp.chmod(0o700)
             self._run(
                 "initdb",
                 "-D",
-                str(self.data_dir),
+                str(tmp),
                 "-U",
                 SUPERUSER,
                 "--auth=trust",
                 "--encoding=UTF8",
                 "--locale=C",
                 "--no-instructions",
+                finish=False,
             )
-            with (self.data_dir / "postgresql.conf").open("a") as conf:
+            with (tmp / "postgresql.conf").open("a") as conf:
                 conf.write(SERVER_CONF)
-            log.info("initialised PostgreSQL cluster in %s", self.data_dir)
-        running = self._running_port()
-        if running is not None:
-            self.port = running
-            log.info("reusing the PostgreSQL server already running on %s (port %d)", self.data_dir, running)
-            self._started_here = True
-            return self.dsn
+            try:
+                # Replaces the data folder if it exists and is empty.
+                tmp.rename(d)
+            except OSError as exc:
+                raise PostgresError(
+                    f"cannot move the new cluster into {d}: {exc.strerror or exc}; "
+                    "choose a folder that does not exist yet (SOKUTATSU_PG_DATA)"
+                ) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("initialised PostgreSQL cluster in %s", d)
+
+    def _lock(self) -> None:
+        """Take the data folder for this object, or refuse if another process has it."""
+        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PostgresError(
+                f"data folder {self.data_dir} is in use by another sokutatsu process (a launcher or a test "
+                "session): stop that one, or choose another folder (SOKUTATSU_STATE_DIR or SOKUTATSU_PG_DATA)"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _server_running(self) -> bool:
+        """Whether a postmaster is running on this folder."""
+        if not (self.data_dir / "postmaster.pid").exists():
+            return False
+        return self._run("pg_ctl", "status", "-D", str(self.data_dir), check=False).returncode == 0
+
+    def _running_port(self) -> int | None:
+        """The port of a server already running on this folder, if any."""
+        if not self._server_running():
+            return None
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return None
+        return int(lines[3]) if len(lines) > 3 and lines[3].isdigit() else None
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since(self, offset: int) -> str:
+        """What the server logged after ``offset`` (the log is appended to by every start)."""
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> str:
+        """Initialise the folder if new, start (or adopt) the server, return its DSN."""
+        self._prepare_folder()
+        self._lock()
+        try:
+            running = self._running_port()
+            if running is not None:
+                # We hold the folder's lock, so no live sokutatsu process manages this server.
+                self.port = running
+                self._owns_server = True
+                log.info(
+                    "adopting the PostgreSQL server a crashed run left on %s (port %d); it is stopped at the end",
+                    self.data_dir,
+                    running,
+                )
+                return self.dsn
+            self._start_server()
+        except BaseException:
+            self._unlock()
+            raise
+        return self.dsn
+
+    def _start_server(self) -> None:
+        try:
+            self._start_attempts()
+        except BaseException:
+            # Failed, timed out or interrupted: a server that did come up must not outlive us.
+            if self._shutdown_if_running():
+                log.info("stopped the PostgreSQL server on %s again (its start did not complete)", self.data_dir)
+            raise
+
+    def _start_attempts(self) -> None:
+        """pg_ctl start; with a free port, try again when another process took it meanwhile."""
         attempts = 1 if self._fixed_port else 5
         for _ in range(attempts):
             self.port = self._fixed_port or free_port()
+            offset = self._log_size()
             proc = self._run(
                 "pg_ctl",
                 "start",
                 "-w",
                 "-t",
-                "60",
+                str(PG_CTL_TIMEOUT_SECONDS),
                 "-D",
                 str(self.data_dir),
                 "-l",
@@ -284,32 +446,40 @@ class EmbeddedPostgres:
                 check=False,
             )
             if proc.returncode == 0:
-                self._started_here = True
+                self._owns_server = True
                 log.info("PostgreSQL running on 127.0.0.1:%d (%s)", self.port, self.data_dir)
-                return self.dsn
-            if "already in use" not in self._log_tail():
+                return
+            logged = self._log_since(offset)
+            if "already in use" not in logged:
                 break
-        raise PostgresError(f"PostgreSQL did not start on {self.data_dir}: {self._last_error()} (log: {self.log_file})")
+            if self._fixed_port:
+                raise PostgresError(
+                    f"PostgreSQL cannot listen on 127.0.0.1:{self.port}: the port is already in use "
+                    "(set SOKUTATSU_PG_PORT to another port, or 0 for a free one)"
+                )
+        raise PostgresError(
+            f"PostgreSQL did not start on {self.data_dir}: {_last_error(logged, proc)} (log: {self.log_file})"
+        )
 
-    def _log_tail(self) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    def _last_error(self) -> str:
-        lines = [ln for ln in self._log_tail().splitlines() if "FATAL" in ln or "ERROR" in ln]
-        return lines[-1].split(":  ", 1)[-1] if lines else "see the log"
+    def _shutdown_if_running(self) -> bool:
+        """Stop a server running on the folder (fast, then immediate); whether there was one."""
+        if not self._server_running():
+            return False
+        timeout = str(PG_CTL_TIMEOUT_SECONDS)
+        proc = self._run("pg_ctl", "stop", "-w", "-t", timeout, "-m", "fast", "-D", str(self.data_dir), check=False)
+        if proc.returncode != 0 and self._server_running():
+            self._run("pg_ctl", "stop", "-w", "-t", timeout, "-m", "immediate", "-D", str(self.data_dir), check=False)
+        return True
 
     def stop(self) -> None:
-        """Stop the server (fast shutdown: in-flight transactions roll back, data is flushed)."""
-        if not self._started_here:
-            return
-        proc = self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", "fast", "-D", str(self.data_dir), check=False)
-        if proc.returncode != 0 and self._running_port() is not None:
-            self._run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.data_dir), check=False)
-        self._started_here = False
-        log.info("PostgreSQL on %s stopped", self.data_dir)
+        """Stop the server if this object started or adopted it (fast shutdown), and release the folder."""
+        try:
+            if self._owns_server:
+                self._owns_server = False
+                self._shutdown_if_running()
+                log.info("PostgreSQL on %s stopped", self.data_dir)
+        finally:
+            self._unlock()
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
@@ -319,17 +489,70 @@ class EmbeddedPostgres:
         self.stop()
 
 
+def _last_error(logged: str, proc: _Result) -> str:
+    lines = [ln for ln in logged.splitlines() if any(k in ln for k in ("FATAL", "ERROR", "PANIC"))]
+    if lines:
+        return lines[-1].split(":  ", 1)[-1].strip()
+    said = (proc.stderr or proc.stdout).strip().splitlines()
+    return said[-1] if said else "see the log"
+
+
+# ------------------------------------------------------- using a server --
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` without its password, for messages."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "<unparsable DSN>"
+    shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
+    return make_conninfo("", **shown)
+
+
+def _secrets(dsn: str) -> list[str]:
+    """Passwords that may appear in ``dsn``, parsable or not."""
+    found = re.findall(r"://[^:/@\s]*:([^@\s]+)@", dsn) + re.findall(r"password\s*=\s*'?([^'\s]+)", dsn)
+    with contextlib.suppress(psycopg.Error):
+        password = conninfo_to_dict(dsn).get("password")
+        if password:
+            found.append(str(password))
+    return [s for s in found if s]
+
+
+def _reason(exc: BaseException, dsn: str) -> str:
+    """The first line of a driver error, with any password of ``dsn`` masked."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    for secret in _secrets(dsn):
+        text = text.replace(secret, "***")
+    return text
+
+
 def create_database(dsn: str, name: str) -> None:
-    """Create database ``name`` on the server at ``dsn`` unless it exists."""
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    """Create database ``name`` on the server at ``dsn`` unless it exists; PostgresError (one line) if not possible."""
+    where = redact_dsn(dsn)
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    except psycopg.Error as exc:
+        raise PostgresError(f"cannot connect to PostgreSQL at {where}: {_reason(exc, dsn)}") from None
+    try:
+        with conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.errors.DuplicateDatabase:
+        return  # created meanwhile by someone else
+    except psycopg.Error as exc:
+        raise PostgresError(f"cannot create database {name} on PostgreSQL at {where}: {_reason(exc, dsn)}") from None
 
 
 def database_dsn(dsn: str, name: str) -> str:
     """``dsn`` pointing at database ``name`` instead."""
-    return psycopg.conninfo.make_conninfo(dsn, dbname=name)
+    try:
+        return make_conninfo(dsn, dbname=name)
+    except psycopg.Error as exc:
+        raise PostgresError(f"unusable PostgreSQL DSN {redact_dsn(dsn)}: {_reason(exc, dsn)}") from None
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import ClassVar
 from sokutatsu.core.settings import (
     Settings,
     parse_address,
+    parse_int,
     parse_log_level,
     parse_name,
     parse_optional_path,
@@ -16,15 +17,35 @@ from sokutatsu.core.settings import (
     setting,
 )
 
+# The registry of the SOKUTATSU_* namespace. Core cannot import the services,
+# so it lists what they own; tests/cli checks it against every settings class.
+#
+# Prefixes owned by one settings class each (the services' and PostgreSQL's):
+# that class refuses unknown names under its prefix.
+SERVICE_PREFIXES: tuple[str, ...] = (
+    "SOKUTATSU_BROKER_",
+    "SOKUTATSU_MONITOR_",
+    "SOKUTATSU_SEQUENCER_",
+    "SOKUTATSU_QUEUEDB_",
+    "SOKUTATSU_PG_",
+)
+# Names directly under SOKUTATSU_ read by a class other than RuntimeSettings (the launcher's).
+LAUNCHER_NAMES: frozenset[str] = frozenset({"SOKUTATSU_STATE_DIR"})
+
 
 @dataclass(frozen=True)
 class RuntimeSettings(Settings):
-    """Logging, tracing and lifecycle settings shared by every service."""
+    """Logging, tracing and lifecycle settings shared by every service.
+
+    Every process loads this class, so it is the one that refuses a
+    ``SOKUTATSU_*`` variable nobody reads (e.g. ``SOKUTATSU_GRACE_SECOND``);
+    names under a service prefix are left to that service's class.
+    """
 
     env_prefix: ClassVar[str] = "SOKUTATSU_"
-    # Service-specific variables share this prefix, so unknown names are
-    # checked by each service's own settings class instead.
-    check_unknown: ClassVar[bool] = False
+    check_unknown: ClassVar[bool] = True
+    names_elsewhere: ClassVar[frozenset[str]] = LAUNCHER_NAMES
+    prefixes_elsewhere: ClassVar[tuple[str, ...]] = SERVICE_PREFIXES
 
     log_level: str = setting("LOG_LEVEL", "INFO", "Log level: DEBUG, INFO, WARNING or ERROR.", parse_log_level)
     trace_dir: Path | None = setting(
@@ -45,6 +66,9 @@ class RuntimeSettings(Settings):
         "When set, a service writes {service, instance, address, pid} as JSON here once it serves "
         "(lets a launcher use port 0).",
         parse_optional_path,
+    )
+    parent_pid: int = setting(
+        "PARENT_PID", 0, "When set (by the launcher), the service stops when this process is gone.", parse_int
     )
 
 

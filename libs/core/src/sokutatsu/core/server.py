@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -68,16 +69,20 @@ class ServiceContext:
     stack: contextlib.AsyncExitStack
     health: health_aio.HealthServicer
     _group: asyncio.TaskGroup
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Full method names ("/pkg.Service/Method") the generic RPC tracing skips: long-lived
+    # streams whose spans are made per batch by the service itself.
+    untraced: set[str] = field(default_factory=set)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def start_background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``coro`` until shutdown. If it fails, the service stops with its error."""
         task = self._group.create_task(coro, name=name)
-        self._tasks.append(task)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return task
 
     def cancel_background(self) -> None:
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
 
 
@@ -129,13 +134,20 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
 
     health = health_aio.HealthServicer()
+    untraced: set[str] = set()
+
+    def traced(details: grpc.HandlerCallDetails) -> bool:
+        return details.method not in untraced
+
     server = aio.server(
         # OpenTelemetry outermost, so it records the status the domain mapping chose.
-        interceptors=[aio_server_interceptor(), DomainErrorInterceptor()],  # type: ignore[no-untyped-call]
+        interceptors=[aio_server_interceptor(filter_=traced), DomainErrorInterceptor()],  # type: ignore[no-untyped-call]
         options=SERVER_OPTIONS,
     )
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
-        context = ServiceContext(service=service, runtime=runtime, stack=stack, health=health, _group=group)
+        context = ServiceContext(
+            service=service, runtime=runtime, stack=stack, health=health, _group=group, untraced=untraced
+        )
         names = list(await register(server, context))
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
@@ -150,26 +162,40 @@ async def serve(
                 f"(set {listen_var} to another host:port)"
             ) from None
         await server.start()
-        host = settings.listen.rpartition(":")[0]
-        if host in ("0.0.0.0", "[::]", "::"):  # noqa: S104 - announcing, not binding
-            host = "127.0.0.1"
-        address = f"{host}:{port}"
-        for name in ["", *names]:
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if runtime.announce_file is not None:
-            _announce(
-                runtime.announce_file,
-                {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
-            )
-        log.info("%s %s serving on %s", service, settings.instance, address)
-
-        await stop.wait()
-
-        log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
-        await health.enter_graceful_shutdown()
-        await server.stop(runtime.grace_seconds)
-        context.cancel_background()
+        try:
+            host = settings.listen.rpartition(":")[0]
+            if host in ("0.0.0.0", "[::]", "::"):  # noqa: S104 - announcing, not binding
+                host = "127.0.0.1"
+            address = f"{host}:{port}"
+            for name in ["", *names]:
+                await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if runtime.announce_file is not None:
+                _announce(
+                    runtime.announce_file,
+                    {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
+                )
+            if runtime.parent_pid:
+                context.start_background(_watch_parent(runtime.parent_pid, stop), "parent-watch")
+            log.info("%s %s serving on %s", service, settings.instance, address)
+            await stop.wait()
+            log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
+        finally:
+            # Also when a background task failed: stop serving before the task group unwinds.
+            await health.enter_graceful_shutdown()
+            await server.stop(runtime.grace_seconds)
+            context.cancel_background()
     log.info("%s %s stopped", service, settings.instance)
+
+
+PARENT_CHECK_SECONDS = 1.0
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """Stop when the launcher that started this process is gone (its children are re-parented)."""
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 - no event exists for "my parent died"
+        await asyncio.sleep(PARENT_CHECK_SECONDS)
+    log.warning("parent process %d is gone; stopping", parent_pid)
+    stop.set()
 
 
 def _fail(service: str, message: str, status: int) -> NoReturn:
@@ -202,5 +228,11 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
     except* StartupError as group:
         telemetry.shutdown()
         _fail(service, "; ".join(str(e) for e in group.exceptions), 1)
+    except* Exception as group:
+        for error in group.exceptions:
+            log.error("%s failed", service, exc_info=error)  # noqa: TRY400 - logs each error of the group
+        telemetry.shutdown()
+        first = group.exceptions[0]
+        _fail(service, f"stopped after an internal error: {type(first).__name__}: {first} (traceback in the log)", 1)
     telemetry.shutdown()
     sys.exit(0)

@@ -12,8 +12,11 @@ A service declares one frozen dataclass of settings; each field is made with
 :func:`load` reads the environment and raises :class:`SettingsError` with a
 one-line message naming the variable when a value is malformed, or when a
 variable under the class's prefix is unknown (a typo would otherwise be
-silently ignored). :func:`describe` lists every knob for the docs and for
-``sokutatsu config``.
+silently ignored), with the likeliest intended name. A class whose prefix is
+shared (``RuntimeSettings``: ``SOKUTATSU_``) lists the names and prefixes other
+classes own (``names_elsewhere``, ``prefixes_elsewhere``), so any
+``SOKUTATSU_*`` variable that no class reads is refused by every process.
+:func:`describe` lists every knob for the docs and for ``sokutatsu config``.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ class Settings:
     env_prefix: ClassVar[str] = "SOKUTATSU_"
     # Whether unknown variables under env_prefix are an error.
     check_unknown: ClassVar[bool] = True
+    # Variables under env_prefix that other settings classes read, so are not unknown here:
+    # exact names, and prefixes whose own class checks every name under them.
+    names_elsewhere: ClassVar[frozenset[str]] = frozenset()
+    prefixes_elsewhere: ClassVar[tuple[str, ...]] = ()
 
 
 def _specs(cls: type[Settings]) -> list[tuple[str, _Spec]]:
@@ -94,12 +101,36 @@ def load(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
         except (ValueError, SettingsError) as exc:
             raise SettingsError(f"{var}={raw!r}: {exc} ({spec.doc})") from None
     if cls.check_unknown:
+        names = known | cls.names_elsewhere
         for var in sorted(env):
-            if var.startswith(cls.env_prefix) and var not in known:
-                hint = difflib.get_close_matches(var, sorted(known), n=1)
-                also = f"; did you mean {hint[0]}?" if hint else f"; known: {', '.join(sorted(known))}"
-                raise SettingsError(f"{var}: unknown variable{also}")
+            if not var.startswith(cls.env_prefix) or var in names:
+                continue
+            if var.startswith(cls.prefixes_elsewhere):
+                continue  # the class owning that prefix checks it
+            raise SettingsError(_unknown(var, cls.env_prefix, names, cls.prefixes_elsewhere))
     return cls(**values)
+
+
+def _unknown(var: str, prefix: str, names: set[str] | frozenset[str], prefixes: tuple[str, ...]) -> str:
+    """The one-line message for an unknown variable, with the likeliest intended name.
+
+    Names are compared without the common ``prefix`` (which would make every
+    name look alike); a misspelt service prefix (``SOKUTATSU_BROKR_LISTEN``)
+    is mended, keeping the rest of the name.
+    """
+    rest = var[len(prefix) :]
+    candidates = [(difflib.SequenceMatcher(None, rest, n[len(prefix) :]).ratio(), n) for n in sorted(names)]
+    candidates = [c for c in candidates if c[0] >= 0.6]
+    for owned in prefixes:
+        head = owned[len(prefix) :]
+        for cut in range(2, len(rest)):
+            score = difflib.SequenceMatcher(None, rest[:cut], head).ratio()
+            if score >= 0.85 and rest[cut:].strip("_"):
+                candidates.append((score, owned + rest[cut:].lstrip("_")))
+    if candidates:
+        return f"{var}: unknown variable; did you mean {max(candidates)[1]}?"
+    under = f"; or a name under {', '.join(prefixes)}" if prefixes else ""
+    return f"{var}: unknown variable; known: {', '.join(sorted(names))}{under}"
 
 
 def describe(cls: type[Settings]) -> list[Knob]:

@@ -1,3 +1,8 @@
-from sokutatsu.broker.server import main
+import os
+
+# gRPC's C core reads this when it loads; errors it would print are reported in one line of ours.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from sokutatsu.broker.server import main  # after the environment is set
 
 main()

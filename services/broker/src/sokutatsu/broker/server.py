@@ -2,22 +2,46 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import NoReturn
 
 from grpc import aio
 
+from sokutatsu.broker.broker import Broker
+from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
 from sokutatsu.broker.settings import BrokerSettings
-from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.broker.v1 import broker_pb2_grpc
 from sokutatsu.core.server import Register, ServiceContext, run_service
-from sokutatsu.core.unserved import add_unimplemented
 
-SERVICES = [broker_pb2.DESCRIPTOR.services_by_name[n] for n in ("Broker", "BrokerAdmin", "BrokerControl")]
+RATES_INTERVAL_SECONDS = 1.0
 
 
 def build(settings: BrokerSettings) -> Register:
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
-        return add_unimplemented(server, SERVICES, "publish/subscribe arrive with issue #3, the pair with #4")
+        disk = DiskWorker()
+        context.stack.callback(disk.close)
+        context.start_background(disk.run(), "broker-disk")
+        broker = Broker(settings, disk)
+        await broker.open()
+        context.stack.push_async_callback(broker.close)
+
+        async def rates() -> None:
+            while True:
+                await asyncio.sleep(RATES_INTERVAL_SECONDS)
+                broker.tick_rates()
+
+        context.start_background(rates(), "broker-rates")
+        server.add_generic_rpc_handlers((DataPlane(broker).handler(),))
+        context.untraced |= {
+            f"/{SERVICE}/Publish",
+            f"/{SERVICE}/Subscribe",
+            "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
+        }
+        broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker), server)
+        broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker), server)
+        return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 
     return register
 

@@ -3,10 +3,50 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import ServiceSettings
-from sokutatsu.core.settings import parse_address, parse_name, setting
+from sokutatsu.core.settings import SettingsError, parse_address, parse_bool, parse_name, parse_size, setting
+
+
+def parse_mode(raw: str) -> str:
+    if raw not in ("flow-to-disk", "migrate"):
+        raise SettingsError("expected flow-to-disk or migrate")
+    return raw
+
+
+def parse_role(raw: str) -> str:
+    if raw not in ("active", "standby"):
+        raise SettingsError("expected active or standby")
+    return raw
+
+
+def parse_count(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError("expected a whole number (0 = no limit)") from None
+    if value < 0:
+        raise SettingsError("expected 0 (no limit) or more")
+    return value
+
+
+def parse_positive_count(raw: str) -> int:
+    value = parse_count(raw)
+    if value < 1:
+        raise SettingsError("expected 1 or more")
+    return value
+
+
+def parse_millis(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError("expected milliseconds, e.g. 1 or 0.5") from None
+    if not 0 <= value <= 1000:
+        raise SettingsError("expected 0 to 1000 milliseconds")
+    return value
 
 
 @dataclass(frozen=True)
@@ -17,3 +57,54 @@ class BrokerSettings(ServiceSettings):
         "LISTEN", "127.0.0.1:7201", "host:port to serve gRPC on (port 0 = any free port).", parse_address
     )
     instance: str = setting("INSTANCE", "broker-a", "Broker id, unique within the pair.", parse_name)
+    role: str = setting("ROLE", "active", "Role at start: active or standby (the monitor may change it).", parse_role)
+    state_dir: Path = setting(
+        "STATE_DIR",
+        Path(".sokutatsu/broker"),
+        "Folder for topics, durable subscriptions and flow-to-disk segments; survives restarts.",
+        Path,
+    )
+    max_count: int = setting(
+        "MAX_COUNT",
+        1_000_000,
+        "Broker-wide limit on messages held in memory (0 = none). Over it, persistent publishes are "
+        "refused with RESOURCE_EXHAUSTED and non-persistent ones dropped.",
+        parse_count,
+    )
+    max_bytes: int = setting(
+        "MAX_BYTES",
+        1024 * 2**20,
+        "Broker-wide limit on message bytes held in memory (0 = none), e.g. 512MiB; same effect as MAX_COUNT.",
+        parse_size,
+    )
+    queue_budget: int = setting(
+        "QUEUE_BUDGET",
+        64 * 2**20,
+        "Default memory budget of one subscriber queue; over it, flow-to-disk spills the oldest messages.",
+        parse_size,
+    )
+    default_mode: str = setting(
+        "DEFAULT_MODE",
+        "flow-to-disk",
+        "What a queue over its budget does when its subscription does not say: flow-to-disk or migrate.",
+        parse_mode,
+    )
+    max_body: int = setting(
+        "MAX_BODY", 1 * 2**20, "Largest message body accepted; larger ones are refused (INVALID_ARGUMENT).", parse_size
+    )
+    batch_messages: int = setting(
+        "BATCH_MESSAGES", 500, "Delivery frames hold at most this many messages.", parse_positive_count
+    )
+    batch_bytes: int = setting(
+        "BATCH_BYTES", 1 * 2**20, "Delivery frames hold at most about this many bytes.", parse_size
+    )
+    linger_ms: float = setting(
+        "LINGER_MS",
+        1.0,
+        "Adaptive batching: a subscriber stream that sent a frame less than this long ago waits this long "
+        "for a fuller frame; an idle stream sends at once (0 = never wait).",
+        parse_millis,
+    )
+    auto_create_topics: bool = setting(
+        "AUTO_CREATE_TOPICS", True, "Create a topic with default limits on first publish or subscription.", parse_bool
+    )

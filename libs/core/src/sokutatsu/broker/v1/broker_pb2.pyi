@@ -119,6 +119,7 @@ class Message(_message.Message):
     PERSISTENT_FIELD_NUMBER: _builtins.int
     PUBLISH_TIME_UNIX_NANO_FIELD_NUMBER: _builtins.int
     STAMP_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SEQ_FIELD_NUMBER: _builtins.int
     publisher_id: _builtins.str
     """Who published it and its number in that publisher's sequence (starts at 1,
     dense, increasing). (publisher_id, publisher_seq) identifies the message:
@@ -135,6 +136,12 @@ class Message(_message.Message):
     publish_time_unix_nano: _builtins.int
     """Publisher's wall clock when the message was handed to the SDK, in
     nanoseconds since the Unix epoch. Used for latency measurement.
+    """
+    previous_seq: _builtins.int
+    """Set by the broker on delivery: the publisher_seq of the previous message
+    of this publisher queued for this subscription (0 = none known). Sequence
+    numbers in between did not match the subscription's filter, so a
+    subscriber whose position is below previous_seq has missed messages.
     """
     @_builtins.property
     def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -155,10 +162,11 @@ class Message(_message.Message):
         persistent: _builtins.bool = ...,
         publish_time_unix_nano: _builtins.int = ...,
         stamp: _stamp_pb2.Stamp | None = ...,
+        previous_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stamp", b"stamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "headers", b"headers", "key", b"key", "persistent", b"persistent", "publish_time_unix_nano", b"publish_time_unix_nano", "publisher_id", b"publisher_id", "publisher_seq", b"publisher_seq", "stamp", b"stamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "headers", b"headers", "key", b"key", "persistent", b"persistent", "previous_seq", b"previous_seq", "publish_time_unix_nano", b"publish_time_unix_nano", "publisher_id", b"publisher_id", "publisher_seq", b"publisher_seq", "stamp", b"stamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -365,7 +373,12 @@ class PublishBatch(_message.Message):
     topic: _builtins.str
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
-        """Messages in increasing publisher_seq order; all carry the stream's publisher_id."""
+        """Messages in increasing publisher_seq order; all carry the stream's
+        publisher_id (an empty publisher_id means the stream's). Within a stream,
+        sequence numbers must follow each other without gaps once the broker has
+        seen the publisher: a message below the broker's last_seq is a duplicate
+        (dropped), one above last_seq + 1 or going backwards is refused.
+        """
 
     def __init__(
         self,
@@ -446,8 +459,9 @@ class PublishAck(_message.Message):
     REJECTED_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
     acked_through_seq: _builtins.int
-    """Every message with publisher_seq <= acked_through_seq is either held by
-    the pair or listed in `rejected`.
+    """Every message with publisher_seq <= acked_through_seq is held (or was a
+    duplicate, or non-persistent and dropped). Messages after it in the
+    acknowledged batch are listed in `rejected` and must be sent again.
     """
     single_copy: _builtins.bool
     """True when only this broker holds the messages because its peer is down."""
@@ -457,7 +471,10 @@ class PublishAck(_message.Message):
     """Non-persistent messages dropped because a limit was reached."""
     @_builtins.property
     def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublishRejection]:
-        """Persistent messages refused because a limit was reached."""
+        """Persistent messages refused because a limit was reached: the first
+        refused message and every later one of the batch (go-back-N), so the
+        publisher's order is kept when it sends them again.
+        """
 
     def __init__(
         self,
@@ -546,11 +563,16 @@ class SubscribeOpen(_message.Message):
     POSITION_FIELD_NUMBER: _builtins.int
     CREDITS_FIELD_NUMBER: _builtins.int
     credits: _builtins.int
-    """Initial credit: the broker sends at most this many messages before the
-    next SubscriberCredit (seed 003's consumer flow limit, default 1000).
+    """Initial credit, at least 1: the broker sends at most this many messages
+    before the next SubscriberCredit (seed 003's consumer flow limit; the SDK
+    default is 1000).
     """
     @_builtins.property
-    def subscription(self) -> Global___Subscription: ...
+    def subscription(self) -> Global___Subscription:
+        """A durable subscription must exist (BrokerAdmin.CreateSubscription); a
+        non-durable one is created here and removed when the stream ends.
+        """
+
     @_builtins.property
     def position(self) -> Global___Position:
         """Resume after this position. Empty = from what the broker holds now for a
@@ -579,7 +601,7 @@ class SubscriberCredit(_message.Message):
     CREDITS_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
     credits: _builtins.int
-    """Grant this many more messages."""
+    """Grant this many more messages. A frame must grant credit, acknowledge, or both."""
     @_builtins.property
     def acked(self) -> Global___Position:
         """Everything up to this position is processed and may be forgotten."""
@@ -665,25 +687,18 @@ class DeliveryBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
-    THROUGH_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
-    @_builtins.property
-    def through(self) -> Global___Position:
-        """After this batch the subscriber is at `through`. It can be ahead of the
-        last message of a publisher when later messages did not match the filter,
-        so the SDK tells filtered-out sequence numbers from lost ones.
-        """
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]:
+        """In queue order: per publisher, increasing publisher_seq."""
 
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___Message] | None = ...,
-        through: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["through", b"through"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "through", b"through"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -996,6 +1011,12 @@ class BrokerStats(_message.Message):
     DROPPED_TOTAL_FIELD_NUMBER: _builtins.int
     REJECTED_TOTAL_FIELD_NUMBER: _builtins.int
     SUBSCRIBERS_FIELD_NUMBER: _builtins.int
+    PUBLISHER_STREAMS_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_STREAMS_FIELD_NUMBER: _builtins.int
+    PUBLISHED_TOTAL_FIELD_NUMBER: _builtins.int
+    DUPLICATES_TOTAL_FIELD_NUMBER: _builtins.int
+    MAX_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1010,6 +1031,15 @@ class BrokerStats(_message.Message):
     dropped_total: _builtins.int
     """Non-persistent messages dropped and persistent messages rejected at limits."""
     rejected_total: _builtins.int
+    publisher_streams: _builtins.int
+    """Open publish and subscribe streams."""
+    subscriber_streams: _builtins.int
+    published_total: _builtins.int
+    """Messages accepted since start, and duplicates dropped."""
+    duplicates_total: _builtins.int
+    max_count: _builtins.int
+    """The broker-wide limits in force (0 = none)."""
+    max_bytes: _builtins.int
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStats]: ...
     def __init__(
@@ -1026,10 +1056,16 @@ class BrokerStats(_message.Message):
         dropped_total: _builtins.int = ...,
         rejected_total: _builtins.int = ...,
         subscribers: _abc.Iterable[Global___SubscriberStats] | None = ...,
+        publisher_streams: _builtins.int = ...,
+        subscriber_streams: _builtins.int = ...,
+        published_total: _builtins.int = ...,
+        duplicates_total: _builtins.int = ...,
+        max_count: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dropped_total", b"dropped_total", "held_bytes", b"held_bytes", "held_count", b"held_count", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1043,28 +1079,40 @@ class SubscriberStats(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
     DEPTH_FIELD_NUMBER: _builtins.int
-    DEPTH_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
     SPILLED_COUNT_FIELD_NUMBER: _builtins.int
+    SPILLED_BYTES_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     CREDITS_FIELD_NUMBER: _builtins.int
     INFLOW_PER_SECOND_FIELD_NUMBER: _builtins.int
     OUTFLOW_PER_SECOND_FIELD_NUMBER: _builtins.int
     DELIVERED_FIELD_NUMBER: _builtins.int
+    OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     connected: _builtins.bool
     depth: _builtins.int
-    """Messages queued for the subscriber and not yet acknowledged."""
-    depth_bytes: _builtins.int
+    """Messages queued for the subscriber and not yet acknowledged, in memory
+    and on disk.
+    """
+    memory_bytes: _builtins.int
+    """Bytes of the queue held in memory, and its budget."""
+    memory_budget_bytes: _builtins.int
     spilled_count: _builtins.int
+    """Messages and bytes spilled to disk (flow-to-disk)."""
+    spilled_bytes: _builtins.int
     in_flight: _builtins.int
     """Messages in flight (sent, not acknowledged) and credit left."""
     credits: _builtins.int
     inflow_per_second: _builtins.float
-    """Smoothed rates, messages per second."""
+    """Rates over the last few seconds, messages per second."""
     outflow_per_second: _builtins.float
+    overflow_mode: Global___OverflowMode.ValueType
     @_builtins.property
-    def delivered(self) -> Global___Position: ...
+    def delivered(self) -> Global___Position:
+        """Per publisher, the last seq sent to the subscriber."""
+
     def __init__(
         self,
         *,
@@ -1072,17 +1120,20 @@ class SubscriberStats(_message.Message):
         topic: _builtins.str = ...,
         connected: _builtins.bool = ...,
         depth: _builtins.int = ...,
-        depth_bytes: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_budget_bytes: _builtins.int = ...,
         spilled_count: _builtins.int = ...,
+        spilled_bytes: _builtins.int = ...,
         in_flight: _builtins.int = ...,
         credits: _builtins.int = ...,
         inflow_per_second: _builtins.float = ...,
         outflow_per_second: _builtins.float = ...,
         delivered: Global___Position | None = ...,
+        overflow_mode: Global___OverflowMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "depth_bytes", b"depth_bytes", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "outflow_per_second", b"outflow_per_second", "spilled_count", b"spilled_count", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,96 @@
+"""Shared pieces of the benchmarks: a broker process of our own, percentiles, machine facts, JSON output."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+START_LIMIT_SECONDS = 30.0
+
+
+@dataclass
+class BrokerRun:
+    address: str
+    process: subprocess.Popen[bytes]
+    folder: Path
+
+
+@contextmanager
+def broker_process(**settings: str) -> Iterator[BrokerRun]:
+    """A broker on a free loopback port with a throw-away state folder; stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-") as tmp:
+        folder = Path(tmp)
+        announce = folder / "announce.json"
+        env = {
+            **os.environ,
+            "SOKUTATSU_BROKER_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_BROKER_STATE_DIR": str(folder / "state"),
+            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
+            "SOKUTATSU_LOG_LEVEL": "WARNING",
+            **{f"SOKUTATSU_BROKER_{k.upper()}": v for k, v in settings.items()},
+        }
+        with (folder / "broker.log").open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sokutatsu.broker"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
+            deadline = time.monotonic() + START_LIMIT_SECONDS
+            while not announce.exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"broker did not start: {(folder / 'broker.log').read_text()}")
+                time.sleep(0.02)
+            yield BrokerRun(json.loads(announce.read_text())["address"], process, folder)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(fraction * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        memory = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "memory_bytes": memory,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def write_json(path: Path | None, result: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,182 @@
+"""``sokutatsu publish | subscribe | metrics | bench``: the SDK and the broker by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from grpc import aio
+from rich.console import Console
+from rich.table import Table
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import ClientError, Publisher, Subscriber
+
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEFAULT_BROKER = "127.0.0.1:7201"
+Brokers = Annotated[list[str], typer.Option("--broker", "-b", help="Broker host:port; repeat for the pair.")]
+
+
+def _run(coro: object) -> None:
+    try:
+        asyncio.run(coro)  # type: ignore[arg-type]
+    except (ClientError, ConnectionError) as exc:
+        err.print(f"sokutatsu: error: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    except aio.AioRpcError as exc:
+        err.print(f"sokutatsu: error: {exc.code().name}: {exc.details()}", markup=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def publish(
+    topic: Annotated[str, typer.Argument(help="Topic to publish to.")],
+    key: Annotated[str, typer.Argument(help="Routing key, e.g. a symbol.")],
+    body: Annotated[str | None, typer.Argument(help="Message body; omitted = one message per line of stdin.")] = None,
+    broker: Brokers = [DEFAULT_BROKER],  # noqa: B006 - typer reads the default
+    publisher_id: Annotated[str | None, typer.Option(help="Publisher id (default: unique per process).")] = None,
+    transient: Annotated[
+        bool, typer.Option("--transient", help="Non-persistent: dropped, not refused, at limits.")
+    ] = False,
+) -> None:
+    """Publish one message (or each line of stdin) and wait for the acknowledgement."""
+
+    async def main() -> None:
+        async with Publisher(broker, publisher_id) as pub:
+            lines = [body] if body is not None else (line.rstrip("\n") for line in sys.stdin)
+            count = 0
+            for line in lines:
+                pub.publish_nowait(topic, key, line.encode(), persistent=not transient)
+                count += 1
+            await pub.flush()
+            console.print(f"published {count} message(s) as {pub.publisher_id} (acknowledged through {pub.acked_seq})")
+
+    _run(main())
+
+
+def subscribe(
+    topic: Annotated[str, typer.Argument(help="Topic to subscribe to.")],
+    subscriber_id: Annotated[str, typer.Option("--id", help="Subscriber id.")] = "cli",
+    key: Annotated[list[str], typer.Option("--key", "-k", help="Only these keys (repeatable).")] = [],  # noqa: B006
+    prefix: Annotated[list[str], typer.Option("--prefix", "-p", help="Keys with this prefix (repeatable).")] = [],  # noqa: B006
+    durable: Annotated[bool, typer.Option(help="Keep the subscription (and its messages) when disconnected.")] = False,
+    count: Annotated[int, typer.Option(help="Stop after this many messages (0 = until Ctrl-C).")] = 0,
+    broker: Brokers = [DEFAULT_BROKER],  # noqa: B006
+) -> None:
+    """Print messages as they arrive: publisher, seq, key, latency, body."""
+
+    async def main() -> None:
+        async with Subscriber(broker, subscriber_id, topic, keys=key, prefixes=prefix, durable=durable) as sub:
+            seen = 0
+            async for m in sub:
+                latency = (time.time_ns() - m.publish_time_unix_nano) / 1e6
+                console.print(
+                    f"{m.publisher_id}#{m.publisher_seq} {m.key} {latency:.2f}ms {m.body.decode(errors='replace')}",
+                    markup=False,
+                )
+                seen += 1
+                if count and seen >= count:
+                    break
+
+    _run(main())
+
+
+def metrics_broker(
+    broker: Annotated[str, typer.Option("--broker", "-b", help="Broker host:port.")] = DEFAULT_BROKER,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes (0 = print once).")] = 0.0,
+) -> None:
+    """Broker and per-subscriber metrics as a table (like seed 003's `imqcmd metrics`)."""
+
+    async def main() -> None:
+        async with aio.insecure_channel(broker) as channel:
+            admin = broker_pb2_grpc.BrokerAdminStub(channel)
+            while True:
+                console.print(metrics_table(await admin.GetStats(broker_pb2.GetStatsRequest(), timeout=10)))
+                if not interval:
+                    return
+                await asyncio.sleep(interval)
+
+    _run(main())
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def metrics_table(s: broker_pb2.BrokerStats) -> Table:
+    role = broker_pb2.BrokerRole.Name(s.role).removeprefix("BROKER_ROLE_").lower()
+    table = Table(
+        title=(
+            f"broker {s.broker_id} ({role})  rss {_mib(s.rss_bytes)} MiB  held {s.held_count} msgs / "
+            f"{_mib(s.held_bytes)} MiB (limits {s.max_count or '-'} / "
+            f"{_mib(s.max_bytes) if s.max_bytes else '-'} MiB)  "
+            f"on disk {s.spilled_count} msgs  streams pub {s.publisher_streams} sub {s.subscriber_streams}  "
+            f"published {s.published_total} dup {s.duplicates_total} dropped {s.dropped_total} "
+            f"refused {s.rejected_total}"
+        ),
+        title_justify="left",
+    )
+    for column in (
+        "subscriber",
+        "topic",
+        "conn",
+        "depth",
+        "mem MiB",
+        "budget MiB",
+        "disk msgs",
+        "disk MiB",
+        "in flight",
+        "credits",
+        "in/s",
+        "out/s",
+    ):
+        table.add_column(column, justify="left" if column in ("subscriber", "topic", "conn") else "right")
+    for sub in s.subscribers:
+        table.add_row(
+            sub.subscriber_id,
+            sub.topic,
+            "yes" if sub.connected else "no",
+            str(sub.depth),
+            _mib(sub.memory_bytes),
+            _mib(sub.memory_budget_bytes),
+            str(sub.spilled_count),
+            _mib(sub.spilled_bytes),
+            str(sub.in_flight),
+            str(sub.credits),
+            f"{sub.inflow_per_second:.0f}",
+            f"{sub.outflow_per_second:.0f}",
+        )
+    return table
+
+
+def bench_throughput(
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke run of a few seconds.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+) -> None:
+    """1 publisher -> 1 subscriber, 1 KiB persistent acked messages: msgs/s, and p50/p99 at 5,000 msgs/s."""
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_throughput import FULL, QUICK, run  # noqa: PLC0415
+
+    cfg = QUICK if quick else FULL
+    console.print(
+        f"bench throughput ({'quick' if quick else 'full'}): {cfg.messages} messages flat out, "
+        f"then {cfg.rate} msgs/s for {cfg.seconds:g}s; {cfg.size}-byte bodies, persistent, acknowledged"
+    )
+    result = asyncio.run(run(cfg))
+    result["mode"] = "quick" if quick else "full"
+    console.print(
+        f"throughput {result['msgs_per_s']:,} msgs/s   latency at {result['rate']:,} msgs/s: "
+        f"p50 {result['p50_ms']} ms  p99 {result['p99_ms']} ms  (max {result['latency']['max_ms']} ms)"
+    )
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    print(json.dumps({k: result[k] for k in ("msgs_per_s", "p50_ms", "p99_ms", "rate", "size")}))  # noqa: T201

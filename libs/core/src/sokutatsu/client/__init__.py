@@ -1,0 +1,16 @@
+"""The Sokutatsu client SDK."""
+
+from sokutatsu.client.errors import BrokerError, BufferFull, ClientError, Closed, GapError, PublishTimeout
+from sokutatsu.client.publisher import Publisher
+from sokutatsu.client.subscriber import Subscriber
+
+__all__ = [
+    "BrokerError",
+    "BufferFull",
+    "ClientError",
+    "Closed",
+    "GapError",
+    "PublishTimeout",
+    "Publisher",
+    "Subscriber",
+]

@@ -1,0 +1,70 @@
+"""Hand-framed publish requests: messages are serialised once, frames are concatenations."""
+
+from __future__ import annotations
+
+_TAG_BATCH = b"\x12"  # PublishRequest.batch = 2
+_TAG_TOPIC = b"\x0a"  # PublishBatch.topic = 1
+_TAG_MESSAGE = b"\x12"  # PublishBatch.messages = 2
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def message_element(payload: bytes) -> bytes:
+    return _TAG_MESSAGE + varint(len(payload)) + payload
+
+
+def batch_frame(topic: str, elements: list[bytes]) -> bytes:
+    """A serialised ``PublishRequest`` with a batch of pre-framed messages for ``topic``."""
+    name = topic.encode()
+    body = b"".join((_TAG_TOPIC, varint(len(name)), name, *elements))
+    return b"".join((_TAG_BATCH, varint(len(body)), body))
+
+
+_TAG_PUBLISHER_ID = b"\x0a"  # Message.publisher_id = 1
+_TAG_SEQ = b"\x10"  # Message.publisher_seq = 2, varint
+_TAG_KEY = b"\x1a"  # Message.key = 3
+_TAG_HEADER = b"\x22"  # Message.headers = 4 (map entry: key = 1, value = 2)
+_TAG_BODY = b"\x2a"  # Message.body = 5
+_PERSISTENT = b"\x30\x01"  # Message.persistent = 6, true
+_TAG_TIME = b"\x39"  # Message.publish_time_unix_nano = 7, fixed64
+
+
+def _length_delimited(tag: bytes, data: bytes) -> bytes:
+    return tag + varint(len(data)) + data
+
+
+def encode_message(  # noqa: PLR0917 - one call per message; mirrors the Message fields in order
+    publisher_field: bytes,
+    seq: int,
+    key: str,
+    body: bytes,
+    headers: dict[str, str] | None,
+    persistent: bool,
+    time_ns: int,
+) -> bytes:
+    """A serialised ``Message`` (the same bytes protobuf would write), without building one.
+
+    ``publisher_field`` is the pre-encoded publisher_id field (see :func:`publisher_field`).
+    """
+    parts = [publisher_field, _TAG_SEQ, varint(seq), _length_delimited(_TAG_KEY, key.encode())]
+    if headers:
+        for name, value in headers.items():
+            entry = _length_delimited(b"\x0a", name.encode()) + _length_delimited(b"\x12", value.encode())
+            parts.append(_length_delimited(_TAG_HEADER, entry))
+    if body:
+        parts.append(_length_delimited(_TAG_BODY, body))
+    if persistent:
+        parts.append(_PERSISTENT)
+    parts.append(_TAG_TIME + time_ns.to_bytes(8, "little"))
+    return b"".join(parts)
+
+
+def publisher_field(publisher_id: str) -> bytes:
+    return _length_delimited(_TAG_PUBLISHER_ID, publisher_id.encode())

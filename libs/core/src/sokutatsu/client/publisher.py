@@ -1,0 +1,400 @@
+"""``Publisher``: publish to the broker pair with acknowledgements, batching and retries.
+
+Every message gets the next number of this publisher's sequence. Messages are
+batched on the wire (a frame is sent when ``batch_messages`` or
+``batch_bytes`` are ready, or after ``linger`` seconds) and every batch goes to
+every broker address given (the active/standby pair). A message is
+acknowledged once every connected broker holds it.
+
+* A stream that breaks is opened again with jittered exponential backoff; the
+  broker says which number it last holds and the rest is sent again, so
+  retries never duplicate (the broker drops numbers it already has).
+* A persistent message refused at a broker limit is sent again, with backoff,
+  with everything after it (go-back-N), so the order is kept; ``publish``
+  raises :class:`PublishTimeout` naming the limit if that takes longer than
+  ``ack_timeout``.
+* A refusal for bad input (e.g. a body over the broker's maximum) is final:
+  waiting calls and later publishes raise :class:`BrokerError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import grpc
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client._retry import RECONNECT_CODES, Backoff
+from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
+from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
+
+log = logging.getLogger(__name__)
+
+PUBLISH_METHOD = "/sokutatsu.broker.v1.Broker/Publish"
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 2**20), ("grpc.max_receive_message_length", 16 * 2**20)]
+
+
+def default_publisher_id() -> str:
+    """Unique per process: host, pid and a random part."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}".replace(".", "-")
+
+
+def _frame_bytes(frame: bytes | broker_pb2.PublishRequest) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.SerializeToString()
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: int
+    topic: str
+    element: bytes
+    size: int
+
+
+@dataclass
+class _Link:
+    address: str
+    sent_through: int = 0
+    acked_through: int = 0
+    connected: bool = False
+    resume_at: float = 0.0
+    # Incremented each time a refusal sends the link back (go-back-N).
+    rewinds: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    broker_last_seq: int = 0
+
+
+_PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
+
+
+class _StreamEnded(Exception):
+    pass
+
+
+class Publisher:
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        publisher_id: str | None = None,
+        *,
+        batch_messages: int = 500,
+        batch_bytes: int = 1 * 2**20,
+        linger: float = 0.001,
+        max_pending: int = 100_000,
+        ack_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        addresses = [brokers] if isinstance(brokers, str) else list(brokers)
+        if not addresses:
+            raise ValueError("give at least one broker address (host:port)")
+        self.publisher_id = publisher_id or default_publisher_id()
+        self._publisher_field = publisher_field(self.publisher_id)
+        self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
+        self.linger = linger
+        self.max_pending = max_pending
+        self.ack_timeout = ack_timeout
+        self.connect_timeout = connect_timeout
+        self._links = [_Link(a) for a in addresses]
+        self._pending: list[_Pending] = []
+        self._pending_start = 0
+        self._next_seq = 1
+        self._acked = 0
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._acked_event = asyncio.Event()
+        self._failure: Exception | None = None
+        self._last_refusal = ""
+        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        # Counters from the brokers' acknowledgements.
+        self.dropped = 0
+        self.duplicates = 0
+        self.refused = 0
+
+    # ------------------------------------------------------------- lifecycle --
+    async def __aenter__(self) -> Publisher:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc_type is None and self._failure is None:
+                await self.flush()
+        finally:
+            await self.close()
+
+    async def start(self) -> None:
+        """Connect to the brokers and learn where this publisher's sequence continues."""
+        self._tasks = [
+            asyncio.create_task(self._run_link(link), name=f"publish-{link.address}") for link in self._links
+        ]
+        waits = [asyncio.ensure_future(link.opened.wait()) for link in self._links]
+        done, pending = await asyncio.wait(waits, timeout=self.connect_timeout, return_when=asyncio.ALL_COMPLETED)
+        for waiter in pending:
+            waiter.cancel()
+        if self._failure is not None:
+            await self.close()
+            raise self._failure
+        if not done:
+            await self.close()
+            raise ConnectionError(f"no broker answered within {self.connect_timeout:g}s: {self.addresses}")
+        last = max(link.broker_last_seq for link in self._links)
+        self._next_seq = last + 1
+        self._acked = last
+        for link in self._links:
+            link.sent_through = max(link.sent_through, last)
+            link.acked_through = max(link.acked_through, last)
+
+    async def close(self) -> None:
+        """Stop without waiting for acknowledgements (``async with`` flushes first)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._fail_waiters(Closed("publisher closed"))
+
+    @property
+    def addresses(self) -> list[str]:
+        return [link.address for link in self._links]
+
+    @property
+    def acked_seq(self) -> int:
+        """Every message up to this number is acknowledged."""
+        return self._acked
+
+    @property
+    def last_seq(self) -> int:
+        """The number of the last message handed to this publisher."""
+        return self._next_seq - 1
+
+    # ------------------------------------------------------------ publishing --
+    def publish_nowait(
+        self,
+        topic: str,
+        key: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        persistent: bool = True,
+    ) -> int:
+        """Queue one message for sending; return its sequence number. Raises :class:`BufferFull`."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise Closed("publisher closed")
+        if len(self._pending) - self._pending_start >= self.max_pending:
+            raise BufferFull(f"{self.max_pending} messages are waiting for acknowledgement; await flush()")
+        seq = self._next_seq
+        self._next_seq += 1
+        payload = encode_message(
+            self._publisher_field, seq, key, body, dict(headers) if headers else None, persistent, time.time_ns()
+        )
+        element = message_element(payload)
+        self._pending.append(_Pending(seq, topic, element, len(element)))
+        for link in self._links:
+            link.wake.set()
+        return seq
+
+    async def publish(
+        self,
+        topic: str,
+        key: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        persistent: bool = True,
+    ) -> int:
+        """Publish one message and wait until the brokers hold it; return its sequence number."""
+        while len(self._pending) - self._pending_start >= self.max_pending:
+            await self._wait_acked(self._pending[self._pending_start].seq)
+        seq = self.publish_nowait(topic, key, body, headers, persistent)
+        await self._wait_acked(seq)
+        return seq
+
+    async def flush(self) -> None:
+        """Wait until every message handed over so far is acknowledged."""
+        await self._wait_acked(self.last_seq)
+
+    async def _wait_acked(self, seq: int) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if seq <= self._acked:
+            return
+        waiter = self._waiters.get(seq)
+        if waiter is None:
+            waiter = self._waiters[seq] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.ack_timeout)
+        except TimeoutError:
+            why = f": {self._last_refusal}" if self._last_refusal else ""
+            raise PublishTimeout(f"message {seq} not acknowledged within {self.ack_timeout:g}s{why}") from None
+
+    def _advance(self) -> None:
+        acked = min(link.acked_through for link in self._links)
+        if acked <= self._acked:
+            return
+        self._acked = acked
+        pending = self._pending
+        start = self._pending_start
+        while start < len(pending) and pending[start].seq <= acked:
+            start += 1
+        if start > 4096 and start * 2 > len(pending):
+            del pending[:start]
+            start = 0
+        self._pending_start = start
+        for seq in [s for s in self._waiters if s <= acked]:
+            waiter = self._waiters.pop(seq)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail_waiters(self, error: Exception) -> None:
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()  # retrieved here so an unawaited one does not warn
+        self._waiters.clear()
+
+    def _fail(self, error: Exception) -> None:
+        if self._failure is None:
+            self._failure = error
+            self._fail_waiters(error)
+            for link in self._links:
+                link.opened.set()
+
+    # ----------------------------------------------------------------- links --
+    async def _run_link(self, link: _Link) -> None:
+        backoff = Backoff()
+        while not self._closed and self._failure is None:
+            try:
+                await self._session(link, backoff)
+            except* aio.AioRpcError as group:
+                error = group.exceptions[0]
+                if not isinstance(error, aio.AioRpcError):  # pragma: no cover - the group holds only these
+                    raise
+                if error.code() in RECONNECT_CODES:
+                    log.info("publish stream to %s broke (%s); reconnecting", link.address, error.code().name)
+                else:
+                    self._fail(BrokerError(error.code(), error.details() or ""))
+            except* _StreamEnded:
+                log.info("broker %s closed the publish stream; reconnecting", link.address)
+            except* Exception as group:  # noqa: BLE001 - surfaces to the application instead of dying silently
+                self._fail(group.exceptions[0] if isinstance(group.exceptions[0], Exception) else group)
+            link.connected = False
+            if self._failure is None:
+                await asyncio.sleep(backoff.next_delay())
+
+    async def _session(self, link: _Link, backoff: Backoff) -> None:
+        async with aio.insecure_channel(link.address, options=CHANNEL_OPTIONS) as channel:
+            call = channel.stream_stream(
+                PUBLISH_METHOD,
+                request_serializer=_frame_bytes,
+                response_deserializer=broker_pb2.PublishResponse.FromString,
+            )()
+            await call.write(broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=self.publisher_id)))
+            first = await call.read()
+            if first is aio.EOF or not isinstance(first, broker_pb2.PublishResponse) or not first.HasField("opened"):
+                await _raise_status(call)
+                raise _StreamEnded
+            last = first.opened.last_seq
+            link.broker_last_seq = last
+            link.acked_through = max(link.acked_through, last)
+            link.sent_through = link.acked_through
+            link.connected = True
+            link.opened.set()
+            backoff.reset()
+            self._advance()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._send_loop(link, call))
+                group.create_task(self._receive_loop(link, call))
+
+    def _unsent_index(self, link: _Link) -> int:
+        """Index in ``_pending`` of the first message not yet sent on ``link`` (may be past the end)."""
+        pending = self._pending
+        start = self._pending_start
+        first_seq = pending[start].seq if start < len(pending) else self._next_seq
+        return start + (link.sent_through + 1 - first_seq)
+
+    async def _send_loop(self, link: _Link, call: _PublishCall) -> None:
+        loop = asyncio.get_running_loop()
+        lingered = False
+        while True:
+            link.wake.clear()
+            wait = link.resume_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            pending = self._pending
+            index = self._unsent_index(link)
+            ready = len(pending) - index
+            if ready <= 0:
+                lingered = False
+                await link.wake.wait()
+                continue
+            if ready < self.batch_messages and self.linger > 0 and not lingered:
+                # Give the application a moment to add more to this frame. Indexes are
+                # recomputed afterwards: acknowledgements may have compacted the list.
+                lingered = True
+                await asyncio.sleep(self.linger)
+                continue
+            lingered = False
+            topic = pending[index].topic
+            elements: list[bytes] = []
+            size = 0
+            end = min(len(pending), index + self.batch_messages)
+            i = index
+            while i < end and size < self.batch_bytes:
+                item = pending[i]
+                if item.topic != topic:
+                    break
+                elements.append(item.element)
+                size += item.size
+                i += 1
+            last_seq = pending[i - 1].seq
+            rewinds = link.rewinds
+            await call.write(batch_frame(topic, elements))
+            if link.rewinds == rewinds:  # no refusal sent us back meanwhile
+                link.sent_through = last_seq
+
+    async def _receive_loop(self, link: _Link, call: _PublishCall) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(initial=0.02, maximum=1.0)
+        while True:
+            response = await call.read()
+            if response is aio.EOF:
+                await _raise_status(call)
+                raise _StreamEnded
+            if not isinstance(response, broker_pb2.PublishResponse):  # pragma: no cover - typed by the stub
+                raise _StreamEnded
+            ack = response.ack
+            self.dropped += ack.dropped
+            self.duplicates += ack.duplicates
+            link.acked_through = max(link.acked_through, ack.acked_through_seq)
+            if ack.rejected:
+                rejection = ack.rejected[0]
+                self.refused += rejection.last_seq - rejection.first_seq + 1
+                self._last_refusal = rejection.message
+                # Go back to the first refused message and try again after a pause.
+                link.sent_through = min(link.sent_through, rejection.first_seq - 1)
+                link.rewinds += 1
+                link.resume_at = loop.time() + backoff.next_delay()
+                link.wake.set()
+            else:
+                backoff.reset()
+            self._advance()
+
+
+async def _raise_status(call: _PublishCall) -> None:
+    code = await call.code()
+    if code != grpc.StatusCode.OK:
+        raise aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(), await call.details())

@@ -1,0 +1,317 @@
+"""``Subscriber``: receive a topic's messages exactly once, in per-publisher order.
+
+    async with Subscriber("127.0.0.1:7201", "desk-1", "prices", prefixes=["72"], durable=True) as sub:
+        async for message in sub:          # a sokutatsu.broker.v1.Message
+            handle(message)
+
+* Flow control (seed 003): the broker sends at most ``flow_limit`` messages
+  beyond what the application has consumed; once ``flow_threshold`` of them
+  are consumed (or ``ack_interval`` has passed) the SDK acknowledges them and
+  grants as many again.
+* A message counts as processed when the application asks for the next one;
+  :attr:`position` (per publisher, the last processed number) is what to store
+  to resume a durable subscription in a later process.
+* On reconnect (jittered backoff, or at once after a redirect) the SDK sends
+  the position it has received up to; the broker resumes after it. Duplicates
+  are dropped; a message whose ``previous_seq`` is above what was received
+  reveals lost messages: :class:`GapError` is raised (``on_gap="raise"``) or
+  the gap is recorded in :attr:`gaps` (``on_gap="report"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Literal
+
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client._retry import RECONNECT_CODES, Backoff
+from sokutatsu.client.errors import BrokerError, GapError
+from sokutatsu.client.publisher import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_METHOD = "/sokutatsu.broker.v1.Broker/Subscribe"
+# How long close() waits to deliver its final acknowledgement.
+FINAL_ACK_SECONDS = 2.0
+_MODES = {
+    None: broker_pb2.OVERFLOW_MODE_UNSPECIFIED,
+    "flow-to-disk": broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK,
+    "migrate": broker_pb2.OVERFLOW_MODE_MIGRATE,
+}
+
+
+_SubscribeCall = aio.StreamStreamCall[broker_pb2.SubscribeRequest, broker_pb2.SubscribeResponse]
+
+
+def _serialize_request(request: broker_pb2.SubscribeRequest) -> bytes:
+    return request.SerializeToString()
+
+
+class _Redirected(Exception):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+
+class Subscriber:
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        subscriber_id: str,
+        topic: str,
+        *,
+        keys: Sequence[str] = (),
+        prefixes: Sequence[str] = (),
+        durable: bool = False,
+        mode: Literal["flow-to-disk", "migrate"] | None = None,
+        memory_budget: int = 0,
+        flow_limit: int = 1000,
+        flow_threshold: float = 0.5,
+        ack_interval: float = 0.05,
+        position: Mapping[str, int] | None = None,
+        on_gap: Literal["raise", "report"] = "raise",
+    ) -> None:
+        addresses = [brokers] if isinstance(brokers, str) else list(brokers)
+        if not addresses:
+            raise ValueError("give at least one broker address (host:port)")
+        if flow_limit < 1:
+            raise ValueError("flow_limit must be at least 1")
+        if not 0 < flow_threshold <= 1:
+            raise ValueError("flow_threshold must be in (0, 1]")
+        self.addresses = addresses
+        self.subscription = broker_pb2.Subscription(
+            subscriber_id=subscriber_id,
+            topic=topic,
+            filter=broker_pb2.KeyFilter(exact_keys=list(keys), prefixes=list(prefixes)),
+            durable=durable,
+            overflow_mode=_MODES[mode],
+            memory_budget_bytes=memory_budget,
+        )
+        self.flow_limit = flow_limit
+        self._grant_at = max(1, int(flow_limit * flow_threshold))
+        self.ack_interval = ack_interval
+        self.on_gap = on_gap
+        # Processed by the application / received from the broker, per publisher.
+        self._processed: dict[str, int] = dict(position or {})
+        self._received: dict[str, int] = dict(position or {})
+        self._buffer: deque[broker_pb2.Message | GapError] = deque()
+        self._arrived = asyncio.Event()
+        self._last: broker_pb2.Message | None = None
+        self._unacked = 0
+        self._call: _SubscribeCall | None = None
+        self._failure: Exception | None = None
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._address_index = 0
+        self.duplicates = 0
+        self.gaps: list[GapError] = []
+        self.connected = asyncio.Event()
+        self.broker_id = ""
+
+    # ------------------------------------------------------------- lifecycle --
+    async def __aenter__(self) -> Subscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self.subscription.durable:
+            await self._create_subscription()
+        self._task = asyncio.create_task(self._run(), name=f"subscribe-{self.subscription.subscriber_id}")
+        self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
+
+    async def _create_subscription(self) -> None:
+        """Create the durable subscription on every broker that answers (the pair holds it on both)."""
+        created = 0
+        last: Exception | None = None
+        for address in self.addresses:
+            async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+                stub = broker_pb2_grpc.BrokerAdminStub(channel)
+                try:
+                    await stub.CreateSubscription(
+                        broker_pb2.CreateSubscriptionRequest(subscription=self.subscription), timeout=10
+                    )
+                except aio.AioRpcError as exc:
+                    if exc.code() not in RECONNECT_CODES:
+                        raise BrokerError(exc.code(), exc.details() or "") from None
+                    last = exc
+                else:
+                    created += 1
+        if not created:
+            raise ConnectionError(f"no broker answered CreateSubscription: {last}")
+
+    async def close(self) -> None:
+        """Stop receiving. The last message handed out counts as processed and is acknowledged."""
+        self._mark_processed()
+        call = self._call
+        if call is not None and self._unacked and (self._writer is None or self._writer.done()):
+            frame = broker_pb2.SubscribeRequest(
+                credit=broker_pb2.SubscriberCredit(acked=broker_pb2.Position(last_seq=self._processed))
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_write_quietly(call, frame), FINAL_ACK_SECONDS)
+        self._closed = True
+        tasks = [t for t in (self._task, self._flusher, self._writer) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._arrived.set()
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Per publisher, the last sequence number the application has processed."""
+        return dict(self._processed)
+
+    # -------------------------------------------------------------- iterating --
+    def __aiter__(self) -> Subscriber:
+        return self
+
+    async def __anext__(self) -> broker_pb2.Message:
+        self._mark_processed()
+        while not self._buffer:
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                raise StopAsyncIteration
+            self._arrived.clear()
+            await self._arrived.wait()
+        item = self._buffer.popleft()
+        if isinstance(item, GapError):
+            raise item
+        self._last = item
+        return item
+
+    def _mark_processed(self) -> None:
+        last = self._last
+        if last is None:
+            return
+        self._last = None
+        self._processed[last.publisher_id] = last.publisher_seq
+        self._unacked += 1
+        if self._unacked >= self._grant_at:
+            self._send_credit()
+
+    def _send_credit(self) -> None:
+        call = self._call
+        if call is None or not self._unacked or (self._writer is not None and not self._writer.done()):
+            return
+        frame = broker_pb2.SubscribeRequest(
+            credit=broker_pb2.SubscriberCredit(
+                credits=self._unacked, acked=broker_pb2.Position(last_seq=self._processed)
+            )
+        )
+        self._unacked = 0
+        # One write at a time on a stream; iteration does not wait for it. If one is still
+        # running, the credit stays counted in _unacked and the next trigger or the timer sends it.
+        self._writer = asyncio.create_task(_write_quietly(call, frame))
+
+    async def _flush_acks(self) -> None:
+        while True:
+            await asyncio.sleep(self.ack_interval)
+            self._send_credit()
+
+    # -------------------------------------------------------------- receiving --
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            address = self.addresses[self._address_index % len(self.addresses)]
+            try:
+                await self._session(address, backoff)
+            except _Redirected as redirect:
+                if redirect.target not in self.addresses:
+                    self.addresses.append(redirect.target)
+                self._address_index = self.addresses.index(redirect.target)
+                continue
+            except aio.AioRpcError as exc:
+                if exc.code() not in RECONNECT_CODES:
+                    self._failure = BrokerError(exc.code(), exc.details() or "")
+                    self._arrived.set()
+                    return
+                log.info("subscribe stream to %s broke (%s); reconnecting", address, exc.code().name)
+            except Exception as exc:  # noqa: BLE001 - surfaces to the application instead of dying silently
+                self._failure = exc
+                self._arrived.set()
+                return
+            finally:
+                self._call = None
+                self.connected.clear()
+            self._address_index += 1
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _session(self, address: str, backoff: Backoff) -> None:
+        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call: _SubscribeCall = channel.stream_stream(
+                SUBSCRIBE_METHOD,
+                request_serializer=_serialize_request,
+                response_deserializer=broker_pb2.SubscribeResponse.FromString,
+            )()
+            # Unconsumed messages stay in the local buffer, so the broker may send up to the
+            # limit minus what is buffered; it resumes after what was received.
+            credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
+            self._unacked = 0
+            await call.write(
+                broker_pb2.SubscribeRequest(
+                    open=broker_pb2.SubscribeOpen(
+                        subscription=self.subscription,
+                        position=broker_pb2.Position(last_seq=self._received),
+                        credits=credits,
+                    )
+                )
+            )
+            self._call = call
+            while True:
+                response = await call.read()
+                if response is aio.EOF:
+                    code = await call.code()
+                    raise aio.AioRpcError(
+                        code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+                    )
+                if not isinstance(response, broker_pb2.SubscribeResponse):  # pragma: no cover - typed by the stub
+                    continue
+                kind = response.WhichOneof("frame")
+                if kind == "batch":
+                    self._accept(response.batch.messages)
+                elif kind == "subscribed":
+                    self.broker_id = response.subscribed.broker_id
+                    self.connected.set()
+                    backoff.reset()
+                elif kind == "redirect":
+                    raise _Redirected(response.redirect.target)
+
+    def _accept(self, messages: Sequence[broker_pb2.Message]) -> None:
+        received = self._received
+        buffer = self._buffer
+        for message in messages:
+            publisher = message.publisher_id
+            seq = message.publisher_seq
+            have = received.get(publisher, 0)
+            if seq <= have:
+                self.duplicates += 1
+                continue
+            if message.previous_seq > have and have:
+                gap = GapError(publisher, have + 1, message.previous_seq)
+                self.gaps.append(gap)
+                log.warning("%s", gap)
+                if self.on_gap == "raise":
+                    buffer.append(gap)
+            received[publisher] = seq
+            buffer.append(message)
+        self._arrived.set()
+
+
+async def _write_quietly(call: _SubscribeCall, frame: broker_pb2.SubscribeRequest) -> None:
+    # If the stream is gone, the next one starts from the received position.
+    with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+        await call.write(frame)

@@ -1,0 +1,470 @@
+"""The broker's state and rules: topics, subscriptions, publishers, limits, fan-out.
+
+Everything here runs on the event loop; disk work goes through the
+:class:`~sokutatsu.broker.disk_worker.DiskWorker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sokutatsu.broker.catalog import Catalog, TopicSpec, load_catalog, save_catalog
+from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_name
+from sokutatsu.broker.settings import BrokerSettings
+from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.subscription_queue import SubscriptionQueue
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+
+MAX_CREDITS = 1_000_000
+# How long a reconnecting subscriber waits for its previous stream to end.
+TAKEOVER_SECONDS = 10.0
+
+
+@dataclass
+class Topic:
+    spec: TopicSpec
+    usage: Usage
+    queues: dict[str, SubscriptionQueue] = field(default_factory=dict)
+    # The queues as a list, for the publish loop.
+    queue_list: list[SubscriptionQueue] = field(default_factory=list)
+
+    def reindex(self) -> None:
+        self.queue_list = list(self.queues.values())
+
+
+@dataclass
+class PublisherState:
+    """What the broker knows of one publisher's sequence."""
+
+    last_seq: int = 0
+    # True after a persistent message was refused: later ones are refused too
+    # until the publisher sends last_seq + 1 again (go-back-N).
+    rejecting: bool = False
+
+
+@dataclass
+class Rates:
+    at: float = 0.0
+    enqueued: int = 0
+    sent: int = 0
+    inflow: float = 0.0
+    outflow: float = 0.0
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings, disk: DiskWorker) -> None:
+        self.settings = settings
+        self.disk = disk
+        self.usage = Usage("broker", settings.max_count, settings.max_bytes)
+        self.topics: dict[str, Topic] = {}
+        self.publishers: dict[str, PublisherState] = {}
+        self.role = broker_pb2.BROKER_ROLE_ACTIVE if settings.role == "active" else broker_pb2.BROKER_ROLE_STANDBY
+        self.epoch = 0
+        self.peer = ""
+        self.publisher_streams = 0
+        self.subscriber_streams = 0
+        self.published_total = 0
+        self.duplicates_total = 0
+        self.dropped_total = 0
+        self.rejected_total = 0
+        self._rates: dict[int, Rates] = {}
+        self._catalog_path = settings.state_dir / "catalog.json"
+        self._queues_dir = settings.state_dir / "queues"
+
+    # ------------------------------------------------------------ lifecycle --
+    async def open(self) -> None:
+        """Load the catalog and recover durable queues' segments left by an earlier run."""
+        catalog = await self.disk.call(load_catalog, self._catalog_path)
+        for spec in catalog.topics.values():
+            self._add_topic(spec)
+        for sub in catalog.subscriptions.values():
+            queue = self._add_queue(sub)
+            await queue.recover()
+            if queue.disk_count:
+                log.info("recovered %d spilled messages for %s on %s", queue.disk_count, sub.subscriber_id, sub.topic)
+        await self.disk.call(self._remove_stray_folders, set(self._all_queue_folders()))
+
+    async def close(self) -> None:
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                await queue.close()
+
+    def _all_queue_folders(self) -> list[Path]:
+        return [q.folder for t in self.topics.values() for q in t.queue_list if q.spec.durable]
+
+    def _remove_stray_folders(self, keep: set[Path]) -> None:
+        if not self._queues_dir.exists():
+            return
+        for topic_dir in self._queues_dir.iterdir():
+            for folder in topic_dir.iterdir():
+                if folder not in keep:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    async def _save_catalog(self) -> None:
+        catalog = Catalog(
+            topics={name: t.spec for name, t in self.topics.items()},
+            subscriptions={
+                (q.spec.topic, q.spec.subscriber_id): q.spec
+                for t in self.topics.values()
+                for q in t.queue_list
+                if q.spec.durable
+            },
+        )
+        await self.disk.call(save_catalog, self._catalog_path, catalog.to_json())
+
+    # --------------------------------------------------------------- topics --
+    def _add_topic(self, spec: TopicSpec) -> Topic:
+        topic = Topic(spec=spec, usage=Usage(f"topic {spec.name}", spec.max_count, spec.max_bytes))
+        self.topics[spec.name] = topic
+        return topic
+
+    async def create_topic(self, spec: TopicSpec) -> TopicSpec:
+        check_name("topic name", spec.name)
+        existing = self.topics.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise AlreadyExists(f"topic {spec.name!r} exists with other settings: {existing.spec}")
+            return existing.spec
+        self._add_topic(spec)
+        await self._save_catalog()
+        return spec
+
+    async def delete_topic(self, name: str) -> None:
+        topic = self._topic(name)
+        if topic.queues:
+            raise FailedPrecondition(f"topic {name!r} still has {len(topic.queues)} subscription(s); delete them first")
+        del self.topics[name]
+        await self._save_catalog()
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            check_name("topic name", name)
+            raise NotFound(f"topic {name!r} does not exist; create it first (BrokerAdmin.CreateTopic)")
+        return topic
+
+    async def _topic_or_create(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if not self.settings.auto_create_topics:
+            return self._topic(name)
+        check_name("topic name", name)
+        topic = self._add_topic(TopicSpec(name=name))
+        await self._save_catalog()
+        return topic
+
+    # -------------------------------------------------------- subscriptions --
+    def _queue_folder(self, spec: SubscriptionSpec) -> Path:
+        return self._queues_dir / spec.topic / spec.subscriber_id
+
+    def _add_queue(self, spec: SubscriptionSpec) -> SubscriptionQueue:
+        topic = self.topics.get(spec.topic) or self._add_topic(TopicSpec(name=spec.topic))
+        queue = SubscriptionQueue(
+            spec=spec,
+            folder=self._queue_folder(spec),
+            disk=self.disk,
+            batch_messages=self.settings.batch_messages,
+            batch_bytes=self.settings.batch_bytes,
+            linger_seconds=self.settings.linger_ms / 1000,
+        )
+        topic.queues[spec.subscriber_id] = queue
+        topic.reindex()
+        return queue
+
+    def subscription_spec(self, sub: broker_pb2.Subscription) -> SubscriptionSpec:
+        return SubscriptionSpec.from_proto(sub, self.settings.default_mode, self.settings.queue_budget)
+
+    async def create_subscription(self, spec: SubscriptionSpec) -> SubscriptionSpec:
+        topic = await self._topic_or_create(spec.topic)
+        existing = topic.queues.get(spec.subscriber_id)
+        if existing is not None:
+            if existing.spec != spec:
+                raise AlreadyExists(
+                    f"subscription of {spec.subscriber_id!r} to {spec.topic!r} exists with other settings; "
+                    "delete it first to change them"
+                )
+            return existing.spec
+        self._add_queue(spec)
+        if spec.durable:
+            await self._save_catalog()
+        return spec
+
+    def queue(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
+        queue = self._topic(topic).queues.get(subscriber_id)
+        if queue is None:
+            raise NotFound(
+                f"no subscription of {subscriber_id!r} to topic {topic!r}; create it first "
+                "(BrokerAdmin.CreateSubscription) or subscribe non-durably"
+            )
+        return queue
+
+    async def delete_subscription(self, topic_name: str, subscriber_id: str) -> None:
+        queue = self.queue(topic_name, subscriber_id)
+        if queue.attached:
+            raise FailedPrecondition(f"{subscriber_id!r} is connected to {topic_name!r}; disconnect it first")
+        await self._remove_queue(queue)
+
+    async def _remove_queue(self, queue: SubscriptionQueue) -> None:
+        topic = self.topics[queue.spec.topic]
+        topic.queues.pop(queue.spec.subscriber_id, None)
+        topic.reindex()
+        await queue.destroy()
+        if queue.spec.durable:
+            await self._save_catalog()
+
+    async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> SubscriptionQueue:
+        """Attach a subscriber stream to its queue (creating a non-durable one).
+
+        A subscriber that connects while its previous stream is still attached (a reconnect
+        that overtook the old stream's end) takes over: the old stream is ended first.
+        """
+        spec = self.subscription_spec(open_frame.subscription)
+        if open_frame.credits < 1:
+            raise InvalidArgument("SubscribeOpen.credits must be at least 1 (the SDK default is 1000)")
+        if open_frame.credits > MAX_CREDITS:
+            raise InvalidArgument(f"SubscribeOpen.credits must be at most {MAX_CREDITS}")
+        topic_now = self.topics.get(spec.topic)
+        previous = topic_now.queues.get(spec.subscriber_id) if topic_now else None
+        if previous is not None and previous.attached:
+            log.info("%s reconnected to %s; ending its previous stream", spec.subscriber_id, spec.topic)
+            previous.stop_stream()
+            try:
+                await asyncio.wait_for(previous.idle.wait(), TAKEOVER_SECONDS)
+            except TimeoutError:
+                raise Unavailable(
+                    f"{spec.subscriber_id!r} is still connected to {spec.topic!r} and its stream did not end; retry"
+                ) from None
+        if spec.durable:
+            queue = self.queue(spec.topic, spec.subscriber_id)
+            if queue.spec != spec:
+                raise FailedPrecondition(
+                    f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings than requested"
+                )
+        else:
+            topic = await self._topic_or_create(spec.topic)
+            if spec.subscriber_id in topic.queues:
+                raise AlreadyExists(
+                    f"{spec.subscriber_id!r} already subscribes to {spec.topic!r}; use another subscriber id"
+                )
+            queue = self._add_queue(spec)
+        if queue.attached:
+            raise Unavailable(f"{spec.subscriber_id!r} connected to {spec.topic!r} twice at once; retry")
+        queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
+        self.subscriber_streams += 1
+        return queue
+
+    async def detach(self, queue: SubscriptionQueue) -> None:
+        self.subscriber_streams -= 1
+        if queue.spec.durable or queue.closed:
+            queue.detach()
+            return
+        # A non-durable queue leaves the index before it reports idle, so a subscriber
+        # taking over with the same id creates a fresh one.
+        topic = self.topics.get(queue.spec.topic)
+        if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
+            del topic.queues[queue.spec.subscriber_id]
+            topic.reindex()
+        queue.detach()
+        await queue.destroy()
+
+    @staticmethod
+    def credit(queue: SubscriptionQueue, frame: broker_pb2.SubscriberCredit) -> None:
+        has_ack = frame.HasField("acked")
+        if frame.credits == 0 and not has_ack:
+            raise InvalidArgument("SubscriberCredit must grant credits (at least 1) or acknowledge a position")
+        if queue.credits + frame.credits > MAX_CREDITS:
+            raise InvalidArgument(f"outstanding credit would exceed {MAX_CREDITS}; grant what your buffer holds")
+        if has_ack:
+            queue.ack(dict(frame.acked.last_seq))
+        queue.grant(frame.credits)
+
+    # ------------------------------------------------------------ publishing --
+    def publisher(self, publisher_id: str) -> PublisherState:
+        check_name("publisher id", publisher_id)
+        return self.publishers.setdefault(publisher_id, PublisherState())
+
+    def _validate(self, publisher_id: str, topic: Topic, batch: broker_pb2.PublishBatch) -> None:
+        max_body = self.settings.max_body
+        previous = 0
+        for m in batch.messages:
+            seq = m.publisher_seq
+            if seq <= previous:
+                raise InvalidArgument(
+                    f"publisher {publisher_id!r}: seq {seq} follows {previous} in one batch; "
+                    "sequence numbers must increase"
+                )
+            previous = seq
+            if m.publisher_id != publisher_id:
+                if m.publisher_id:
+                    raise InvalidArgument(
+                        f"message seq {seq} names publisher {m.publisher_id!r} on the stream of {publisher_id!r}"
+                    )
+                m.publisher_id = publisher_id
+            check_key(m.key, seq)
+            if len(m.body) > max_body:
+                raise InvalidArgument(
+                    f"message seq {seq}: body of {len(m.body)} bytes is over the broker's maximum of {max_body} "
+                    "(SOKUTATSU_BROKER_MAX_BODY)"
+                )
+            if m.previous_seq:
+                m.previous_seq = 0
+            if topic.spec.total_order and not m.HasField("stamp"):
+                raise InvalidArgument(f"message seq {seq}: topic {topic.spec.name!r} is total-order; stamp it")
+
+    async def publish(
+        self, publisher_id: str, state: PublisherState, batch: broker_pb2.PublishBatch
+    ) -> tuple[broker_pb2.PublishAck, list[asyncio.Future[None]]]:
+        """Store a batch; return its acknowledgement and what must complete before it is sent.
+
+        Messages that went to a queue in flow-to-disk mode are acknowledged only once they
+        are fsynced, so an acknowledged message is never only in a queue's spill buffer.
+        """
+        topic = await self._topic_or_create(batch.topic)
+        self._validate(publisher_id, topic, batch)
+        duplicates = dropped = 0
+        rejection: broker_pb2.PublishRejection | None = None
+        queues = topic.queue_list
+        unfiltered = all(not q.spec.filtered for q in queues)
+        usages = (topic.usage, self.usage)
+        messages = batch.messages
+        spilled: set[SubscriptionQueue] = set()
+        for m in messages:
+            seq = m.publisher_seq
+            last = state.last_seq
+            if seq <= last:
+                duplicates += 1
+                continue
+            if last and seq != last + 1:
+                if state.rejecting:
+                    rejection = self._reject(seq, messages[-1].publisher_seq, "an earlier message was refused")
+                    break
+                raise InvalidArgument(
+                    f"publisher {publisher_id!r}: seq {seq} follows {last}; sequence numbers must have no gaps "
+                    f"(resend from {last + 1})"
+                )
+            matching = queues if unfiltered else [q for q in queues if q.spec.matches(m.key)]
+            if not matching:
+                state.last_seq = seq
+                state.rejecting = False
+                self.published_total += 1
+                continue
+            payload = m.SerializeToString()
+            size = len(payload)
+            limit = topic.usage.exceeded_by(size) or self.usage.exceeded_by(size)
+            if limit is not None:
+                if m.persistent:
+                    rejection = self._reject(seq, messages[-1].publisher_seq, f"{limit} reached")
+                    state.rejecting = True
+                    break
+                dropped += 1
+                state.last_seq = seq
+                continue
+            stored = StoredMessage(publisher_id, seq, payload, m.persistent, usages)
+            stored.hold(len(matching))
+            for queue in matching:
+                if queue.enqueue(stored):
+                    spilled.add(queue)
+            state.last_seq = seq
+            state.rejecting = False
+            self.published_total += 1
+        self.duplicates_total += duplicates
+        self.dropped_total += dropped
+        ack = broker_pb2.PublishAck(acked_through_seq=state.last_seq, duplicates=duplicates, dropped=dropped)
+        if rejection is not None:
+            ack.rejected.append(rejection)
+        return ack, [queue.written(queue.spill_appended) for queue in spilled]
+
+    def _reject(self, first: int, last: int, why: str) -> broker_pb2.PublishRejection:
+        self.rejected_total += last - first + 1
+        limit = why.removesuffix(" reached")
+        return broker_pb2.PublishRejection(
+            first_seq=first,
+            last_seq=last,
+            limit=limit,
+            message=(
+                f"{why}: persistent messages {first}..{last} were not stored; send them again once "
+                "subscribers catch up, or raise the limit"
+            ),
+        )
+
+    # ---------------------------------------------------------------- stats --
+    def tick_rates(self) -> None:
+        """Update per-queue in/out rates (called about once a second)."""
+        alive = set()
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                key = id(queue)
+                alive.add(key)
+                now, enqueued, sent = queue.rates_sample()
+                rates = self._rates.get(key)
+                if rates is None:
+                    self._rates[key] = Rates(now, enqueued, sent)
+                    continue
+                dt = now - rates.at
+                if dt > 0:
+                    rates.inflow = (enqueued - rates.enqueued) / dt
+                    rates.outflow = (sent - rates.sent) / dt
+                rates.at, rates.enqueued, rates.sent = now, enqueued, sent
+        for key in set(self._rates) - alive:
+            del self._rates[key]
+
+    def stats(self) -> broker_pb2.BrokerStats:
+        out = broker_pb2.BrokerStats(
+            broker_id=self.settings.instance,
+            role=self.role,
+            time_unix_nano=time.time_ns(),
+            held_count=self.usage.count,
+            held_bytes=self.usage.bytes,
+            rss_bytes=_rss_bytes(),
+            dropped_total=self.dropped_total,
+            rejected_total=self.rejected_total,
+            publisher_streams=self.publisher_streams,
+            subscriber_streams=self.subscriber_streams,
+            published_total=self.published_total,
+            duplicates_total=self.duplicates_total,
+            max_count=self.usage.max_count,
+            max_bytes=self.usage.max_bytes,
+        )
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                rates = self._rates.get(id(queue), Rates())
+                out.spilled_count += queue.disk_count
+                out.spilled_bytes += queue.disk_bytes
+                out.subscribers.append(
+                    broker_pb2.SubscriberStats(
+                        subscriber_id=queue.spec.subscriber_id,
+                        topic=queue.spec.topic,
+                        connected=queue.attached,
+                        depth=queue.depth,
+                        memory_bytes=queue.memory_bytes,
+                        memory_budget_bytes=queue.spec.budget,
+                        spilled_count=queue.disk_count + queue.spilling + len(queue.spill_buffer),
+                        spilled_bytes=queue.disk_bytes,
+                        in_flight=len(queue.in_flight),
+                        credits=max(queue.credits, 0),
+                        inflow_per_second=rates.inflow,
+                        outflow_per_second=rates.outflow,
+                        delivered=broker_pb2.Position(last_seq=queue.delivered),
+                        overflow_mode=queue.spec.to_proto().overflow_mode,
+                    )
+                )
+        return out
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0

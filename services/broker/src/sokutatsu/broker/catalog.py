@@ -1,0 +1,62 @@
+"""Topics and durable subscriptions, kept in ``<state>/catalog.json`` across restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sokutatsu.broker.subscription import SubscriptionSpec
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    max_count: int = 0
+    max_bytes: int = 0
+    total_order: bool = False
+
+
+@dataclass
+class Catalog:
+    topics: dict[str, TopicSpec] = field(default_factory=dict)
+    # Durable subscriptions only, by (topic, subscriber id).
+    subscriptions: dict[tuple[str, str], SubscriptionSpec] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "topics": [vars(t) for t in self.topics.values()],
+            "subscriptions": [s.to_json() for s in self.subscriptions.values()],
+        }
+
+
+def load_catalog(path: Path) -> Catalog:
+    if not path.exists():
+        return Catalog()
+    data = json.loads(path.read_text())
+    catalog = Catalog()
+    for t in data["topics"]:
+        catalog.topics[t["name"]] = TopicSpec(**t)
+    for s in data["subscriptions"]:
+        spec = SubscriptionSpec.from_json(s)
+        catalog.subscriptions[(spec.topic, spec.subscriber_id)] = spec
+    return catalog
+
+
+def save_catalog(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically and durably (runs on the disk thread)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as out:
+        json.dump(data, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,301 @@
+"""The broker's gRPC servicers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from grpc import aio
+
+from sokutatsu.broker.broker import Broker
+from sokutatsu.broker.catalog import TopicSpec
+from sokutatsu.broker.subscription_queue import SubscriptionQueue
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.errors import InvalidArgument, Unimplemented
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+SERVICE = "sokutatsu.broker.v1.Broker"
+
+
+class Undecodable:
+    """A frame that could not be parsed; the handler refuses it with INVALID_ARGUMENT."""
+
+    def __init__(self, kind: str, error: str) -> None:
+        self.kind = kind
+        self.error = error
+
+
+def _lenient(cls: type[M]) -> Callable[[bytes], M | Undecodable]:
+    def parse(raw: bytes) -> M | Undecodable:
+        try:
+            return cls.FromString(raw)
+        except DecodeError as exc:
+            return Undecodable(cls.__name__, str(exc))
+
+    return parse
+
+
+def _serialize(response: bytes | Message) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def _frame(request: Any, cls: type[M]) -> M:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(f"a frame could not be decoded as {request.kind}: {request.error}")
+    if not isinstance(request, cls):  # pragma: no cover - the deserializer makes only these
+        raise InvalidArgument(f"expected a {cls.__name__} frame")
+    return request
+
+
+class DataPlane:
+    """``Broker``: the publish and subscribe streams."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    async def publish(
+        self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[broker_pb2.PublishResponse]:
+        raw = await anext(requests, None)
+        if raw is None:
+            return
+        first = _frame(raw, broker_pb2.PublishRequest)
+        if first.WhichOneof("frame") != "open":
+            raise InvalidArgument("the first frame of a Publish stream must be PublishOpen")
+        publisher_id = first.open.publisher_id
+        state = self.broker.publisher(publisher_id)
+        self.broker.publisher_streams += 1
+        # Frames are stored as they arrive (a reader task); acknowledgements follow in order,
+        # each once what it covers is durable where it has to be, merged when several are ready.
+        acks: asyncio.Queue[tuple[broker_pb2.PublishAck, list[asyncio.Future[None]]] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for raw in requests:
+                    request = _frame(raw, broker_pb2.PublishRequest)
+                    if request.WhichOneof("frame") != "batch":
+                        raise InvalidArgument(
+                            "after PublishOpen, every frame of a Publish stream must be a PublishBatch"
+                        )
+                    acks.put_nowait(await self.broker.publish(publisher_id, state, request.batch))
+            finally:
+                acks.put_nowait(None)
+
+        reader = asyncio.create_task(read(), name=f"publish-{publisher_id}")
+        try:
+            yield broker_pb2.PublishResponse(
+                opened=broker_pb2.PublishOpened(last_seq=state.last_seq, broker_id=self.broker.settings.instance)
+            )
+            ended = False
+            while not ended:
+                item = await acks.get()
+                if item is None:
+                    break
+                merged, waits = item
+                while not acks.empty():
+                    more = acks.get_nowait()
+                    if more is None:
+                        ended = True
+                        break
+                    _merge(merged, more[0])
+                    waits += more[1]
+                for wait in waits:
+                    await wait
+                yield broker_pb2.PublishResponse(ack=merged)
+            await reader
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            self.broker.publisher_streams -= 1
+
+    async def subscribe(
+        self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes | broker_pb2.SubscribeResponse]:
+        # An async generator (not context.write): the OpenTelemetry interceptor iterates stream handlers.
+        first = await anext(requests, None)
+        if first is None:
+            return
+        request = _frame(first, broker_pb2.SubscribeRequest)
+        if request.WhichOneof("frame") != "open":
+            raise InvalidArgument("the first frame of a Subscribe stream must be SubscribeOpen")
+        queue = await self.broker.attach(request.open)
+        failure: list[BaseException] = []
+        reader = asyncio.create_task(self._read_credits(requests, queue, failure), name="subscribe-credits")
+        try:
+            yield broker_pb2.SubscribeResponse(
+                subscribed=broker_pb2.Subscribed(
+                    broker_id=self.broker.settings.instance,
+                    role=self.broker.role,
+                    position=request.open.position,
+                )
+            )
+            while True:
+                frame = await queue.next_batch()
+                if frame is None:
+                    break
+                yield frame
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await self.broker.detach(queue)
+        if failure:
+            raise failure[0]
+
+    async def _read_credits(
+        self, requests: AsyncIterator[Any], queue: SubscriptionQueue, failure: list[BaseException]
+    ) -> None:
+        try:
+            async for raw in requests:
+                self.broker.credit(queue, _credit_frame(raw))
+        except (InvalidArgument, aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            failure.append(exc)
+        finally:
+            queue.stop_stream()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Publish": grpc.stream_stream_rpc_method_handler(
+                    self.publish, _lenient(broker_pb2.PublishRequest), _serialize
+                ),
+                "Subscribe": grpc.stream_stream_rpc_method_handler(
+                    self.subscribe, _lenient(broker_pb2.SubscribeRequest), _serialize
+                ),
+            },
+        )
+
+
+class Admin(broker_pb2_grpc.BrokerAdminServicer):
+    def __init__(self, broker: Broker, stats_interval: float = 1.0) -> None:
+        self.broker = broker
+        self.stats_interval = stats_interval
+
+    async def CreateTopic(
+        self, request: broker_pb2.CreateTopicRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.CreateTopicResponse:
+        t = request.topic
+        spec = await self.broker.create_topic(TopicSpec(t.name, t.max_count, t.max_bytes, t.total_order))
+        return broker_pb2.CreateTopicResponse(topic=_topic_proto(spec))
+
+    async def DeleteTopic(
+        self, request: broker_pb2.DeleteTopicRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.DeleteTopicResponse:
+        await self.broker.delete_topic(request.name)
+        return broker_pb2.DeleteTopicResponse()
+
+    async def ListTopics(
+        self, request: broker_pb2.ListTopicsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ListTopicsResponse:
+        return broker_pb2.ListTopicsResponse(topics=[_topic_proto(t.spec) for t in self.broker.topics.values()])
+
+    async def CreateSubscription(
+        self, request: broker_pb2.CreateSubscriptionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.CreateSubscriptionResponse:
+        spec = self.broker.subscription_spec(request.subscription)
+        created = await self.broker.create_subscription(spec)
+        return broker_pb2.CreateSubscriptionResponse(subscription=created.to_proto())
+
+    async def DeleteSubscription(
+        self, request: broker_pb2.DeleteSubscriptionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.DeleteSubscriptionResponse:
+        await self.broker.delete_subscription(request.topic, request.subscriber_id)
+        return broker_pb2.DeleteSubscriptionResponse()
+
+    async def ListSubscriptions(
+        self, request: broker_pb2.ListSubscriptionsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ListSubscriptionsResponse:
+        topics = [self.broker.topics[request.topic]] if request.topic in self.broker.topics else []
+        if not request.topic:
+            topics = list(self.broker.topics.values())
+        return broker_pb2.ListSubscriptionsResponse(
+            subscriptions=[q.spec.to_proto() for t in topics for q in t.queue_list]
+        )
+
+    async def GetStats(
+        self, request: broker_pb2.GetStatsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.BrokerStats:
+        return self.broker.stats()
+
+    async def WatchStats(
+        self, request: broker_pb2.WatchStatsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[broker_pb2.BrokerStats]:
+        interval = request.interval_ms / 1000 if request.interval_ms else self.stats_interval
+        if interval < 0.01:
+            raise InvalidArgument("WatchStats.interval_ms must be at least 10")
+        while True:
+            yield self.broker.stats()
+            await asyncio.sleep(interval)
+
+
+def _credit_frame(raw: Any) -> broker_pb2.SubscriberCredit:
+    request = _frame(raw, broker_pb2.SubscribeRequest)
+    if request.WhichOneof("frame") != "credit":
+        raise InvalidArgument("after SubscribeOpen, every frame must be a SubscriberCredit")
+    return request.credit
+
+
+def _merge(into: broker_pb2.PublishAck, later: broker_pb2.PublishAck) -> None:
+    into.acked_through_seq = later.acked_through_seq
+    into.duplicates += later.duplicates
+    into.dropped += later.dropped
+    into.rejected.extend(later.rejected)
+
+
+def _topic_proto(spec: TopicSpec) -> broker_pb2.Topic:
+    return broker_pb2.Topic(
+        name=spec.name, max_count=spec.max_count, max_bytes=spec.max_bytes, total_order=spec.total_order
+    )
+
+
+PAIR_PENDING = "the broker pair and switchover arrive with issue #4"
+
+
+class Control(broker_pb2_grpc.BrokerControlServicer):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def _role(self) -> broker_pb2.RoleInfo:
+        b = self.broker
+        return broker_pb2.RoleInfo(broker_id=b.settings.instance, role=b.role, epoch=b.epoch, peer=b.peer)
+
+    async def GetRole(
+        self, request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RoleInfo:
+        return self._role()
+
+    async def SetRole(
+        self, request: broker_pb2.SetRoleRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RoleInfo:
+        raise Unimplemented(f"SetRole: {PAIR_PENDING}")
+
+    async def GetSwitchPosition(
+        self, request: broker_pb2.GetSwitchPositionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.GetSwitchPositionResponse:
+        raise Unimplemented(f"GetSwitchPosition: {PAIR_PENDING}")
+
+    async def AcceptSubscriber(
+        self, request: broker_pb2.AcceptSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.AcceptSubscriberResponse:
+        raise Unimplemented(f"AcceptSubscriber: {PAIR_PENDING}")
+
+    async def RedirectSubscriber(
+        self, request: broker_pb2.RedirectSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RedirectSubscriberResponse:
+        raise Unimplemented(f"RedirectSubscriber: {PAIR_PENDING}")
+
+    async def ReleaseSubscriber(
+        self, request: broker_pb2.ReleaseSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ReleaseSubscriberResponse:
+        raise Unimplemented(f"ReleaseSubscriber: {PAIR_PENDING}")
+
+    async def ReplicateWatermarks(
+        self, request_iterator: AsyncIterator[broker_pb2.DeliveredWatermarks], context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ReplicateWatermarksResponse:
+        raise Unimplemented(f"ReplicateWatermarks: {PAIR_PENDING}")

@@ -1,0 +1,88 @@
+"""A subscription's definition: who, which topic, which keys, and what to do when it falls behind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sokutatsu.broker.messages import check_name
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.errors import InvalidArgument
+
+FLOW_TO_DISK = "flow-to-disk"
+MIGRATE = "migrate"
+_MODES = {
+    broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK: FLOW_TO_DISK,
+    broker_pb2.OVERFLOW_MODE_MIGRATE: MIGRATE,
+}
+_MODE_ENUMS = {v: k for k, v in _MODES.items()}
+
+
+@dataclass(frozen=True)
+class SubscriptionSpec:
+    subscriber_id: str
+    topic: str
+    exact_keys: frozenset[str]
+    prefixes: tuple[str, ...]
+    durable: bool
+    mode: str
+    budget: int
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.exact_keys or self.prefixes)
+
+    def matches(self, key: str) -> bool:
+        if not self.exact_keys and not self.prefixes:
+            return True
+        return key in self.exact_keys or (bool(self.prefixes) and key.startswith(self.prefixes))
+
+    @classmethod
+    def from_proto(cls, sub: broker_pb2.Subscription, default_mode: str, default_budget: int) -> SubscriptionSpec:
+        check_name("subscriber id", sub.subscriber_id)
+        check_name("topic name", sub.topic)
+        for key in [*sub.filter.exact_keys, *sub.filter.prefixes]:
+            if not key or len(key) > 256:
+                raise InvalidArgument(f"filter entry {key!r}: keys and prefixes are 1-256 characters")
+        return cls(
+            subscriber_id=sub.subscriber_id,
+            topic=sub.topic,
+            exact_keys=frozenset(sub.filter.exact_keys),
+            prefixes=tuple(sorted(set(sub.filter.prefixes))),
+            durable=sub.durable,
+            mode=_MODES.get(sub.overflow_mode, default_mode),
+            budget=sub.memory_budget_bytes or default_budget,
+        )
+
+    def to_proto(self) -> broker_pb2.Subscription:
+        return broker_pb2.Subscription(
+            subscriber_id=self.subscriber_id,
+            topic=self.topic,
+            filter=broker_pb2.KeyFilter(exact_keys=sorted(self.exact_keys), prefixes=list(self.prefixes)),
+            durable=self.durable,
+            overflow_mode=_MODE_ENUMS[self.mode],
+            memory_budget_bytes=self.budget,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subscriber_id": self.subscriber_id,
+            "topic": self.topic,
+            "exact_keys": sorted(self.exact_keys),
+            "prefixes": list(self.prefixes),
+            "durable": self.durable,
+            "mode": self.mode,
+            "budget": self.budget,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SubscriptionSpec:
+        return cls(
+            subscriber_id=data["subscriber_id"],
+            topic=data["topic"],
+            exact_keys=frozenset(data["exact_keys"]),
+            prefixes=tuple(data["prefixes"]),
+            durable=data["durable"],
+            mode=data["mode"],
+            budget=data["budget"],
+        )

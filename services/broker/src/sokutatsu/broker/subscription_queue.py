@@ -1,0 +1,397 @@
+"""The queue of one subscription: what the broker still owes that subscriber.
+
+Order of delivery, oldest first::
+
+    front        items that were in flight when the last stream ended (redelivered first)
+    disk         spilled items, read back in order          } flow-to-disk only
+    spill buffer items waiting for the disk thread to write }
+    memory       items in memory, newest last
+
+Items sent and not yet acknowledged sit in ``in_flight``; at most ``credits``
+more are sent. Acknowledged items are released (their shared message may then
+leave memory; their segment may then be deleted).
+
+Flow-to-disk: when the queue's memory would exceed its budget, every item in
+``memory`` moves to the spill buffer and the queue enters disk mode: new items
+go to the spill buffer too, the disk thread appends them to the segment log
+(fsync per batch) and drops them from memory, and delivery reads them back in
+order. Disk mode ends when the log and the buffer are empty. The queue's
+memory is then its in-flight window, one read batch and what arrives during
+one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import deque
+from pathlib import Path
+
+from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_element
+from sokutatsu.broker.segment_log import SegmentLog
+from sokutatsu.broker.subscription import SubscriptionSpec
+
+_PREV = struct.Struct("<Q")
+
+
+class Item:
+    """One message queued for this subscriber."""
+
+    __slots__ = ("msg", "payload", "prev", "publisher_id", "segment", "seq", "size")
+
+    def __init__(  # noqa: PLR0917 - built per message on the hot path; positional is cheaper
+        self, publisher_id: str, seq: int, prev: int, payload: bytes, msg: StoredMessage | None, segment: int
+    ) -> None:
+        self.publisher_id = publisher_id
+        self.seq = seq
+        self.prev = prev
+        self.payload = payload
+        self.size = len(payload)
+        # The shared message while it is held in memory for this queue (None once spilled or read back).
+        self.msg = msg
+        # The segment it was read back from (-1 when it never went to disk).
+        self.segment = segment
+
+
+def _parse_record(segment: int, record: bytes) -> Item:
+    from sokutatsu.broker.v1 import broker_pb2  # noqa: PLC0415 - parsing read-backs only
+
+    (prev,) = _PREV.unpack_from(record)
+    payload = record[_PREV.size :]
+    header = broker_pb2.Message.FromString(payload)
+    return Item(header.publisher_id, header.publisher_seq, prev, payload, None, segment)
+
+
+class SubscriptionQueue:
+    def __init__(
+        self,
+        *,
+        spec: SubscriptionSpec,
+        folder: Path,
+        disk: DiskWorker,
+        batch_messages: int,
+        batch_bytes: int,
+        linger_seconds: float,
+    ) -> None:
+        self.spec = spec
+        self.folder = folder
+        self._disk = disk
+        self._batch_messages = batch_messages
+        self._batch_bytes = batch_bytes
+        self._linger = linger_seconds
+        self.memory: deque[Item] = deque()
+        self.front: deque[Item] = deque()
+        self.in_flight: deque[Item] = deque()
+        self.spill_buffer: list[Item] = []
+        self.spilling = 0
+        self._spill_scheduled = False
+        self.disk_count = 0
+        self.disk_bytes = 0
+        self.memory_bytes = 0
+        self.peak_memory_bytes = 0
+        self.log: SegmentLog | None = None
+        self.last_enqueued: dict[str, int] = {}
+        self.delivered: dict[str, int] = {}
+        self.credits = 0
+        self.attached = False
+        self._last_send = 0.0
+        self._skip: dict[str, int] = {}
+        self._detaching = False
+        self.closed = False
+        self.ready = asyncio.Event()
+        # Set while no stream is attached.
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.enqueued_total = 0
+        self.sent_total = 0
+        self.spilled_total = 0
+        # Items put in the spill buffer, and written to disk, since start; waiters for the latter.
+        self.spill_appended = 0
+        self._spill_waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    # ------------------------------------------------------------ recovery --
+    async def recover(self) -> None:
+        """Open the segment log left by an earlier run, if any; its items are owed again."""
+        if not self.folder.exists():
+            return
+        self.log = await self._disk.call(SegmentLog, self.folder)
+        self.disk_count = self.log.unread_count
+        self.disk_bytes = self.log.unread_bytes
+
+    # ------------------------------------------------------------- enqueue --
+    @property
+    def disk_mode(self) -> bool:
+        return bool(self.disk_count or self.spill_buffer or self.spilling)
+
+    @property
+    def depth(self) -> int:
+        return (
+            len(self.memory)
+            + len(self.front)
+            + len(self.in_flight)
+            + len(self.spill_buffer)
+            + self.spilling
+            + self.disk_count
+        )
+
+    def enqueue(self, msg: StoredMessage) -> bool:
+        """Queue ``msg`` (already held once for this queue by the caller); True if it goes to disk."""
+        publisher = msg.publisher_id
+        item = Item(publisher, msg.seq, self.last_enqueued.get(publisher, 0), msg.payload, msg, -1)
+        self.last_enqueued[publisher] = msg.seq
+        self.memory_bytes += item.size
+        to_disk = True
+        if self.disk_mode:
+            self.spill_buffer.append(item)
+            self.spill_appended += 1
+        elif self.memory_bytes > self.spec.budget:
+            self.spill_appended += len(self.memory) + 1
+            self.spill_buffer.extend(self.memory)
+            self.memory.clear()
+            self.spill_buffer.append(item)
+        else:
+            self.memory.append(item)
+            to_disk = False
+        if to_disk:
+            self._schedule_spill()
+        self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_bytes)
+        self.enqueued_total += 1
+        if self.attached:
+            self.ready.set()
+        return to_disk
+
+    def written(self, appended: int) -> asyncio.Future[None]:
+        """Completes when the first ``appended`` spilled items are on disk (fsynced)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.spilled_total >= appended or self.closed:
+            done.set_result(None)
+        else:
+            self._spill_waiters.append((appended, done))
+        return done
+
+    def _wake_spill_waiters(self, everyone: bool = False) -> None:
+        keep = []
+        for target, waiter in self._spill_waiters:
+            if everyone or self.spilled_total >= target:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                keep.append((target, waiter))
+        self._spill_waiters = keep
+
+    def _schedule_spill(self) -> None:
+        if not self._spill_scheduled:
+            self._spill_scheduled = True
+            self._disk.submit(self._spill)
+
+    async def _spill(self) -> None:
+        try:
+            while self.spill_buffer and not self.closed:
+                batch = self.spill_buffer
+                self.spill_buffer = []
+                self.spilling = len(batch)
+                if self.log is None:
+                    self.log = await self._disk.run_blocking(SegmentLog, self.folder)
+                records = [_PREV.pack(item.prev) + item.payload for item in batch]
+                await self._disk.run_blocking(self.log.append, records)
+                for item in batch:
+                    self.memory_bytes -= item.size
+                    self.disk_bytes += item.size
+                    if item.msg is not None:
+                        item.msg.release()
+                        item.msg = None
+                self.disk_count += len(batch)
+                self.spilled_total += len(batch)
+                self.spilling = 0
+                self._wake_spill_waiters()
+        finally:
+            self.spilling = 0
+            self._spill_scheduled = False
+            if self.closed:
+                self._wake_spill_waiters(everyone=True)
+            self.ready.set()
+
+    # ------------------------------------------------------------ delivery --
+    def attach(self, position: dict[str, int], credits: int) -> None:
+        self.attached = True
+        self.idle.clear()
+        self._detaching = False
+        self.credits = credits
+        self._skip = dict(position)
+        for publisher, seq in position.items():
+            if seq > self.delivered.get(publisher, 0):
+                self.delivered[publisher] = seq
+        self.ready.set()
+
+    def detach(self) -> None:
+        """The stream ended: what was in flight is owed again, first."""
+        self.front = deque([*self.in_flight, *self.front])
+        self.in_flight.clear()
+        self.attached = False
+        self.credits = 0
+        self._skip = {}
+        self.idle.set()
+
+    def stop_stream(self) -> None:
+        """Make :meth:`next_batch` return None (the client went away)."""
+        self._detaching = True
+        self.ready.set()
+
+    def grant(self, credits: int) -> None:
+        self.credits += credits
+        if credits:
+            self.ready.set()
+
+    async def next_batch(self) -> bytes | None:
+        """The next serialised ``SubscribeResponse`` batch, waiting for messages and credit; None to stop."""
+        while True:
+            self.ready.clear()
+            if self._detaching or self.closed:
+                return None
+            if self.credits > 0:
+                items = await self._take(min(self.credits, self._batch_messages))
+                if items:
+                    return self._send(items)
+                if self._detaching or self.closed:
+                    return None
+                if items is None:
+                    continue
+            await self.ready.wait()
+
+    async def _take(self, limit: int) -> list[Item] | None:
+        """Up to ``limit`` items from the oldest source; None means: look again at once."""
+        if self.front:
+            return self._pop(self.front, limit)
+        if self.disk_count:
+            return await self._read_back(limit)
+        if self.spill_buffer or self.spilling:
+            return []  # the spill job sets `ready` when the items are on disk
+        if not self.memory:
+            return []
+        # Adaptive batching: a stream that sent a frame less than `linger` ago is busy, so
+        # wait that long for a fuller frame; an idle stream sends at once (lowest latency).
+        if self._linger and len(self.memory) < limit and time.monotonic() - self._last_send < self._linger:
+            await asyncio.sleep(self._linger)
+            if self.front or self.disk_mode:
+                return None
+        return self._pop(self.memory, limit)
+
+    def _pop(self, source: deque[Item], limit: int) -> list[Item]:
+        items: list[Item] = []
+        size = 0
+        skip = self._skip
+        while source and len(items) < limit and size < self._batch_bytes:
+            item = source.popleft()
+            if skip and item.seq <= skip.get(item.publisher_id, 0):
+                self._release([item])
+                continue
+            items.append(item)
+            size += item.size
+        return items
+
+    async def _read_back(self, limit: int) -> list[Item] | None:
+        log = self.log
+        if log is None:  # pragma: no cover - disk_count > 0 implies a log
+            return []
+        records = await self._disk.call(log.read, limit, self._batch_bytes)
+        if self.closed:
+            return []
+        self.disk_count -= len(records)
+        items = [_parse_record(segment, record) for segment, record in records]
+        for item in items:
+            self.disk_bytes -= item.size
+            self.memory_bytes += item.size
+        if self._detaching:
+            self.front.extend(items)
+            return []
+        skip = self._skip
+        if skip:
+            covered = [i for i in items if i.seq <= skip.get(i.publisher_id, 0)]
+            if covered:
+                self._release(covered)
+                items = [i for i in items if i.seq > skip.get(i.publisher_id, 0)]
+        return items if items else None
+
+    def _send(self, items: list[Item]) -> bytes:
+        self._last_send = time.monotonic()
+        self.in_flight.extend(items)
+        self.credits -= len(items)
+        self.sent_total += len(items)
+        delivered = self.delivered
+        for item in items:
+            delivered[item.publisher_id] = item.seq
+        return batch_response([delivery_element(item.payload, item.prev) for item in items])
+
+    # ---------------------------------------------------------------- acks --
+    def ack(self, position: dict[str, int]) -> int:
+        """Release the in-flight items the subscriber has processed; return how many."""
+        done: list[Item] = []
+        in_flight = self.in_flight
+        while in_flight and in_flight[0].seq <= position.get(in_flight[0].publisher_id, 0):
+            done.append(in_flight.popleft())
+        self._release(done)
+        return len(done)
+
+    def _release(self, items: list[Item]) -> None:
+        segments: dict[int, int] = {}
+        for item in items:
+            self.memory_bytes -= item.size
+            if item.msg is not None:
+                item.msg.release()
+                item.msg = None
+            if item.segment >= 0:
+                segments[item.segment] = segments.get(item.segment, 0) + 1
+        if segments and self.log is not None:
+            log = self.log
+
+            async def ack_segments() -> None:
+                if not self.closed:
+                    await self._disk.run_blocking(_ack_all, log, segments)
+
+            self._disk.submit(ack_segments)
+
+    # --------------------------------------------------------------- close --
+    def clear(self) -> int:
+        """Drop everything owed (switchover step 4, or a deleted subscription); return how many."""
+        items = [*self.front, *self.in_flight, *self.memory, *self.spill_buffer]
+        dropped = len(items) + self.disk_count + self.spilling
+        for item in items:
+            self.memory_bytes -= item.size
+            if item.msg is not None:
+                item.msg.release()
+                item.msg = None
+        self.front.clear()
+        self.in_flight.clear()
+        self.memory.clear()
+        self.spill_buffer = []
+        return dropped
+
+    async def destroy(self) -> None:
+        """Delete the queue and its segments (the subscription was deleted)."""
+        self.closed = True
+        self._wake_spill_waiters(everyone=True)
+        self.clear()
+        self.ready.set()
+        if self.log is not None:
+            await self._disk.call(self.log.destroy)
+            self.log = None
+        self.disk_count = 0
+        self.disk_bytes = 0
+
+    async def close(self) -> None:
+        """Close the segment log, keeping it on disk (broker shutdown, after the disk task has stopped)."""
+        self.closed = True
+        self._wake_spill_waiters(everyone=True)
+        self.ready.set()
+        if self.log is not None:
+            await self._disk.run_blocking(self.log.close)
+
+    def rates_sample(self) -> tuple[float, int, int]:
+        return time.monotonic(), self.enqueued_total, self.sent_total
+
+
+def _ack_all(log: SegmentLog, segments: dict[int, int]) -> None:
+    for segment, count in segments.items():
+        log.ack(segment, count)

@@ -1,0 +1,133 @@
+"""Real broker processes for tests: start on a free port, kill -9, restart on the same state folder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.health import wait_serving
+
+START_LIMIT_SECONDS = 30.0
+
+
+@dataclass
+class BrokerProcess:
+    folder: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    starts: int = 0
+
+    @property
+    def state_dir(self) -> Path:
+        return self.folder / "state"
+
+    def start(self) -> str:
+        announce = self.folder / "announce.json"
+        announce.unlink(missing_ok=True)
+        self.starts += 1
+        log = (self.folder / f"broker-{self.starts}.log").open("wb")
+        env = {
+            **os.environ,
+            "SOKUTATSU_BROKER_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_BROKER_STATE_DIR": str(self.state_dir),
+            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
+            "SOKUTATSU_GRACE_SECONDS": "1",
+            **self.env,
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sokutatsu.broker"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        deadline = time.monotonic() + START_LIMIT_SECONDS
+        while not announce.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"broker did not start: {self.log()}")
+            time.sleep(0.02)
+        self.address = json.loads(announce.read_text())["address"]
+        return self.address
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("broker-*.log")))
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Make brokers with settings, e.g. ``broker_factory(queue_budget="64KiB")`` (not started)."""
+    started: list[BrokerProcess] = []
+
+    class Factory(BrokerProcess):
+        def __init__(self, **env: str) -> None:
+            folder = tmp_path / f"broker{len(started)}"
+            folder.mkdir()
+            super().__init__(folder=folder, env={f"SOKUTATSU_BROKER_{k.upper()}": v for k, v in env.items()})
+            started.append(self)
+
+    yield Factory
+    for broker in started:
+        broker.stop()
+
+
+@pytest.fixture
+def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    b = broker_factory()
+    b.start()
+    return b
+
+
+async def stats(address: str) -> broker_pb2.BrokerStats:
+    async with aio.insecure_channel(address) as channel:
+        result: broker_pb2.BrokerStats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+            broker_pb2.GetStatsRequest(), timeout=10
+        )
+        return result
+
+
+async def subscriber_stats(address: str, subscriber_id: str) -> broker_pb2.SubscriberStats:
+    for sub in (await stats(address)).subscribers:
+        if sub.subscriber_id == subscriber_id:
+            return sub
+    raise AssertionError(f"no subscriber {subscriber_id!r} at {address}")
+
+
+async def until(predicate_coro: object, what: str, limit: float = 30.0) -> None:
+    """Poll an async predicate until true; a generous bound only stops a hung test."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if await predicate_coro():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+__all__ = ["BrokerProcess", "broker", "broker_factory", "stats", "subscriber_stats", "until", "wait_serving"]
