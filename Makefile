@@ -38,5 +38,5 @@ up: setup ## Run the whole suite as local processes on an embedded PostgreSQL (C
 demo: setup ## The main job: bring the suite up on the embedded default, check it, stop it
 	$(RUN) sokutatsu demo
 
-bench: setup ## Benchmarks (none yet: they arrive with the broker, issues #3 and #5)
-	@echo "make bench: no benchmarks in this build yet; the broker and peer benchmarks arrive with issues #3 and #5"
+bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run of seconds)
+	$(RUN) sokutatsu bench throughput $(if $(QUICK),--quick) --json bench/results/throughput$(if $(QUICK),-quick).json
