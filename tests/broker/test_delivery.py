@@ -54,14 +54,23 @@ async def test_exactly_once_in_order_across_subscriber_reconnects(broker: Broker
     async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
         await asyncio.wait_for(sub.connected.wait(), 10)
     publishing = asyncio.gather(*(_publish(broker.address, p, n) for p, n in total.items()))
-    for chunk in (1000, 1500, 2000):
+
+    async def sessions() -> None:
+        nonlocal position, received
+        for chunk in (1000, 1500, 2000):
+            async with Subscriber(broker.address, "desk", "prices", durable=True, position=position) as sub:
+                received += await _take(sub, chunk)
+                position = {**position, **{m.publisher_id: m.publisher_seq for m in received[-chunk:]}}
+        await publishing
         async with Subscriber(broker.address, "desk", "prices", durable=True, position=position) as sub:
-            received += await _take(sub, chunk)
-            position = {**position, **{m.publisher_id: m.publisher_seq for m in received[-chunk:]}}
-    await publishing
-    async with Subscriber(broker.address, "desk", "prices", durable=True, position=position) as sub:
-        received += await _take(sub, sum(total.values()) - len(received))
-        assert sub.gaps == []
+            received += await _take(sub, sum(total.values()) - len(received))
+            assert sub.gaps == []
+
+    try:
+        await asyncio.wait_for(sessions(), 90)
+    except TimeoutError:
+        state = await subscriber_stats(broker.address, "desk")
+        raise AssertionError(f"stalled after {len(received)} messages: {state}\n{broker.log()[-3000:]}") from None
     _check_exactly_once_in_order(received, total)
 
 

@@ -172,7 +172,10 @@ async def test_flow_to_disk_keeps_memory_within_budget_and_reads_back_in_order(
         s = await subscriber_stats(broker.address, "slow")
         return s.depth == 0 and s.spilled_count == 0
 
-    await until(drained, "the queue to drain")
+    try:
+        await until(drained, "the queue to drain")
+    except AssertionError:
+        raise AssertionError(f"the queue did not drain: {await subscriber_stats(broker.address, 'slow')}") from None
     segments = list((broker.state_dir / "queues" / "feed" / "slow").glob("*.seg"))
     assert len(segments) <= 1, "fully acknowledged segments are deleted"
 
@@ -214,4 +217,33 @@ async def test_a_reconnecting_subscriber_takes_over_its_old_stream(broker: Broke
         assert [m.publisher_seq for m in frame.batch.messages] == [1]
         assert (await subscriber_stats(broker.address, "phone")).connected
         for call in (new, pub):
+            call.cancel()
+
+
+async def test_resume_when_everything_redelivered_is_already_held(broker: BrokerProcess) -> None:
+    """In-flight messages of a dropped stream that the new position covers are skipped, and what follows comes."""
+    async with aio.insecure_channel(broker.address) as channel:
+        admin = broker_pb2_grpc.BrokerAdminStub(channel)
+        sub = broker_pb2.Subscription(subscriber_id="tablet", topic="fx", durable=True)
+        await admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=sub), timeout=10)
+        pub, _ = await open_publish(channel, "bank")
+        await publish(pub, batch("fx", [message("bank", s) for s in range(1, 6)]))
+        first = await open_subscribe(channel, "tablet", "fx", credits=5, durable=True)
+        got: list[int] = []
+        while len(got) < 5:
+            frame = await first.read()
+            assert isinstance(frame, broker_pb2.SubscribeResponse)
+            got += [m.publisher_seq for m in frame.batch.messages]
+        first.cancel()  # gone without acknowledging: 1..5 are owed again, first
+
+        async def detached() -> bool:
+            return not (await subscriber_stats(broker.address, "tablet")).connected
+
+        await until(detached, "the first stream to end")
+        await publish(pub, batch("fx", [message("bank", s) for s in range(6, 11)]))
+        second = await open_subscribe(channel, "tablet", "fx", credits=100, durable=True, position={"bank": 5})
+        frame = await asyncio.wait_for(second.read(), 10)
+        assert isinstance(frame, broker_pb2.SubscribeResponse)
+        assert [m.publisher_seq for m in frame.batch.messages] == [6, 7, 8, 9, 10]
+        for call in (second, pub):
             call.cancel()

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
+from sokutatsu.core.wire import varint
+
 _TAG_BATCH = b"\x12"  # PublishRequest.batch = 2
 _TAG_TOPIC = b"\x0a"  # PublishBatch.topic = 1
 _TAG_MESSAGE = b"\x12"  # PublishBatch.messages = 2
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def message_element(payload: bytes) -> bytes:

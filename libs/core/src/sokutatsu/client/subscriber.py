@@ -156,7 +156,10 @@ class Subscriber:
         """Stop receiving. The last message handed out counts as processed and is acknowledged."""
         self._mark_processed()
         call = self._call
-        if call is not None and self._unacked and (self._writer is None or self._writer.done()):
+        if self._writer is not None and not self._writer.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._writer), FINAL_ACK_SECONDS)
+        if call is not None and self._unacked:
             frame = broker_pb2.SubscribeRequest(
                 credit=broker_pb2.SubscriberCredit(acked=broker_pb2.Position(last_seq=self._processed))
             )

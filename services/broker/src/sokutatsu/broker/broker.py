@@ -264,7 +264,8 @@ class Broker:
         self.subscriber_streams += 1
         return queue
 
-    async def detach(self, queue: SubscriptionQueue) -> None:
+    def detach(self, queue: SubscriptionQueue) -> None:
+        """The subscriber's stream ended (synchronous: it must run even while being cancelled)."""
         self.subscriber_streams -= 1
         if queue.spec.durable or queue.closed:
             queue.detach()
@@ -276,7 +277,7 @@ class Broker:
             del topic.queues[queue.spec.subscriber_id]
             topic.reindex()
         queue.detach()
-        await queue.destroy()
+        queue.discard()
 
     @staticmethod
     def credit(queue: SubscriptionQueue, frame: broker_pb2.SubscriberCredit) -> None:

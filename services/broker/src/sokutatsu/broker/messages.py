@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.wire import varint
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Keys: 1-256 characters, no whitespace or control characters (e.g. "7203.T", "fx/USDJPY").
@@ -37,15 +38,6 @@ def check_key(value: str, seq: int) -> None:
         raise InvalidArgument(
             f"message seq {seq}: invalid key {value!r}: use 1-256 characters without spaces or control characters"
         )
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def delivery_element(payload: bytes, previous_seq: int) -> bytes:

@@ -110,9 +110,10 @@ class DataPlane:
                 yield broker_pb2.PublishResponse(ack=merged)
             await reader
         finally:
+            # Count first: awaiting below may be cut short by a second cancellation.
+            self.broker.publisher_streams -= 1
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            self.broker.publisher_streams -= 1
 
     async def subscribe(
         self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
@@ -141,9 +142,11 @@ class DataPlane:
                     break
                 yield frame
         finally:
+            # Detach first and without awaiting: a second cancellation of this handler must
+            # not leave the queue attached to a stream that no longer exists.
+            self.broker.detach(queue)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            await self.broker.detach(queue)
         if failure:
             raise failure[0]
 

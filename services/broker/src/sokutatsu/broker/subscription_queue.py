@@ -261,9 +261,14 @@ class SubscriptionQueue:
             await self.ready.wait()
 
     async def _take(self, limit: int) -> list[Item] | None:
-        """Up to ``limit`` items from the oldest source; None means: look again at once."""
+        """Up to ``limit`` items from the oldest source; None means: look again at once.
+
+        A source can yield nothing although it was not empty (every item was already
+        covered by the subscriber's position); then the next source must be looked at
+        at once, not after the next wake-up.
+        """
         if self.front:
-            return self._pop(self.front, limit)
+            return self._pop(self.front, limit) or None
         if self.disk_count:
             return await self._read_back(limit)
         if self.spill_buffer or self.spilling:
@@ -276,7 +281,7 @@ class SubscriptionQueue:
             await asyncio.sleep(self._linger)
             if self.front or self.disk_mode:
                 return None
-        return self._pop(self.memory, limit)
+        return self._pop(self.memory, limit) or None
 
     def _pop(self, source: deque[Item], limit: int) -> list[Item]:
         items: list[Item] = []
@@ -367,6 +372,23 @@ class SubscriptionQueue:
         self.memory.clear()
         self.spill_buffer = []
         return dropped
+
+    def discard(self) -> None:
+        """Like :meth:`destroy`, without waiting: the disk thread deletes the segments later."""
+        self.closed = True
+        self._wake_spill_waiters(everyone=True)
+        self.clear()
+        self.ready.set()
+        log = self.log
+        self.log = None
+        self.disk_count = 0
+        self.disk_bytes = 0
+        if log is not None:
+
+            async def remove() -> None:
+                await self._disk.run_blocking(log.destroy)
+
+            self._disk.submit(remove)
 
     async def destroy(self) -> None:
         """Delete the queue and its segments (the subscription was deleted)."""

@@ -6,21 +6,16 @@ import asyncio
 import logging
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from sokutatsu.core.embedded_pg import redact_dsn
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
 
 
-def redact(dsn: str) -> str:
-    """``dsn`` without its password, for messages."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable DSN>"
-    shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
-    return make_conninfo("", **shown)
+# One redaction for every DSN shown to a person.
+redact = redact_dsn
 
 
 async def server_version(dsn: str) -> str:
