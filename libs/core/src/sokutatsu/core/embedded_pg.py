@@ -45,6 +45,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,7 +312,7 @@ class EmbeddedPostgres:
         d = self.data_dir
         for leftover in d.parent.glob(f".{d.name}.initdb-*"):
             log.info("removing %s, left by an interrupted initdb", leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
+            _remove_tree(leftover)
         tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.initdb-", dir=d.parent))
         try:
             if self._who is not None:
@@ -340,7 +341,7 @@ class EmbeddedPostgres:
                     "choose a folder that does not exist yet (SOKUTATSU_PG_DATA)"
                 ) from None
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)
             raise
         log.info("initialised PostgreSQL cluster in %s", d)
 
@@ -495,6 +496,19 @@ def _last_error(logged: str, proc: _Result) -> str:
         return lines[-1].split(":  ", 1)[-1].strip()
     said = (proc.stderr or proc.stdout).strip().splitlines()
     return said[-1] if said else "see the log"
+
+
+REMOVE_ATTEMPTS = 50
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove ``path`` even while an interrupted initdb's last child is still writing into it."""
+    for _ in range(REMOVE_ATTEMPTS):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(0.05)
+    log.warning("could not remove %s; it is removed at the next start", path)
 
 
 # ------------------------------------------------------- using a server --
