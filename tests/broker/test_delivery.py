@@ -7,10 +7,12 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
+from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client import Publisher, Subscriber
 from tests.broker.fix_broker import BrokerProcess, subscriber_stats, until
+from tests.broker.raw import batch, message, open_publish, publish
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,8 +31,8 @@ async def _publish(address: str, publisher_id: str, count: int, *, topic: str = 
 
 async def _take(sub: Subscriber, count: int) -> list[broker_pb2.Message]:
     got: list[broker_pb2.Message] = []
-    async for message in sub:
-        got.append(message)
+    async for delivered in sub:
+        got.append(delivered)
         if len(got) == count:
             break
     return got
@@ -113,3 +115,31 @@ async def test_persistent_spilled_messages_survive_kill_9(broker_factory: Callab
         received = await _take(sub, 2000)
         assert sub.gaps == []
     _check_exactly_once_in_order(received, {"feed": 2000})
+
+
+async def test_messages_lost_with_a_killed_broker_are_reported_as_a_gap(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Memory-only messages die with a single broker (the pair keeps them); the SDK must say so."""
+    broker = broker_factory()
+    broker.start()
+    async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+        async with aio.insecure_channel(broker.address) as channel:
+            pub, _ = await open_publish(channel, "feed")
+            await publish(pub, batch("prices", [message("feed", s) for s in (1, 2)]))
+            assert [m.publisher_seq for m in await _take(sub, 2)] == [1, 2]
+            position = sub.position | {"feed": 2}
+    async with aio.insecure_channel(broker.address) as channel:
+        pub, _ = await open_publish(channel, "feed")
+        await publish(pub, batch("prices", [message("feed", s) for s in (3, 4, 5)]))  # held in memory only
+    broker.kill9()
+    broker.start()
+    async with aio.insecure_channel(broker.address) as channel:
+        pub, opened = await open_publish(channel, "feed")
+        assert opened.last_seq == 0, "a restarted broker does not know the publisher any more"
+        await publish(pub, batch("prices", [message("feed", 6)]))
+    async with Subscriber(broker.address, "desk", "prices", durable=True, position=position, on_gap="report") as sub:
+        [six] = await _take(sub, 1)
+        assert six.publisher_seq == 6
+        assert [(g.publisher_id, g.first_missing, g.last_missing) for g in sub.gaps] == [("feed", 3, 5)]

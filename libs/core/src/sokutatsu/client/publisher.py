@@ -380,12 +380,12 @@ class Publisher:
             self.dropped += ack.dropped
             self.duplicates += ack.duplicates
             link.acked_through = max(link.acked_through, ack.acked_through_seq)
-            if ack.rejected:
+            if ack.rejected and ack.rejected[0].first_seq > link.acked_through:
                 rejection = ack.rejected[0]
                 self.refused += rejection.last_seq - rejection.first_seq + 1
                 self._last_refusal = rejection.message
                 # Go back to the first refused message and try again after a pause.
-                link.sent_through = min(link.sent_through, rejection.first_seq - 1)
+                link.sent_through = max(link.acked_through, min(link.sent_through, rejection.first_seq - 1))
                 link.rewinds += 1
                 link.resume_at = loop.time() + backoff.next_delay()
                 link.wake.set()

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
+import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
@@ -52,6 +53,10 @@ _SubscribeCall = aio.StreamStreamCall[broker_pb2.SubscribeRequest, broker_pb2.Su
 
 def _serialize_request(request: broker_pb2.SubscribeRequest) -> bytes:
     return request.SerializeToString()
+
+
+class _StreamEnded(Exception):
+    pass
 
 
 class _Redirected(Exception):
@@ -232,6 +237,8 @@ class Subscriber:
             address = self.addresses[self._address_index % len(self.addresses)]
             try:
                 await self._session(address, backoff)
+            except _StreamEnded:
+                log.info("broker %s ended the subscribe stream; reconnecting", address)
             except _Redirected as redirect:
                 if redirect.target not in self.addresses:
                     self.addresses.append(redirect.target)
@@ -278,6 +285,8 @@ class Subscriber:
                 response = await call.read()
                 if response is aio.EOF:
                     code = await call.code()
+                    if code == grpc.StatusCode.OK:
+                        raise _StreamEnded  # the broker ended the stream (e.g. a newer one took over)
                     raise aio.AioRpcError(
                         code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
                     )

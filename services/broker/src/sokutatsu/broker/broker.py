@@ -223,7 +223,7 @@ class Broker:
         if queue.spec.durable:
             await self._save_catalog()
 
-    async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> SubscriptionQueue:
+    async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> tuple[SubscriptionQueue, int]:
         """Attach a subscriber stream to its queue (creating a non-durable one).
 
         A subscriber that connects while its previous stream is still attached (a reconnect
@@ -238,7 +238,7 @@ class Broker:
         previous = topic_now.queues.get(spec.subscriber_id) if topic_now else None
         if previous is not None and previous.attached:
             log.info("%s reconnected to %s; ending its previous stream", spec.subscriber_id, spec.topic)
-            previous.stop_stream()
+            previous.stop_stream(previous.generation)
             try:
                 await asyncio.wait_for(previous.idle.wait(), TAKEOVER_SECONDS)
             except TimeoutError:
@@ -260,9 +260,9 @@ class Broker:
             queue = self._add_queue(spec)
         if queue.attached:
             raise Unavailable(f"{spec.subscriber_id!r} connected to {spec.topic!r} twice at once; retry")
-        queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
+        generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
         self.subscriber_streams += 1
-        return queue
+        return queue, generation
 
     def detach(self, queue: SubscriptionQueue) -> None:
         """The subscriber's stream ended (synchronous: it must run even while being cancelled)."""

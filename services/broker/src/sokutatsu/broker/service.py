@@ -125,9 +125,9 @@ class DataPlane:
         request = _frame(first, broker_pb2.SubscribeRequest)
         if request.WhichOneof("frame") != "open":
             raise InvalidArgument("the first frame of a Subscribe stream must be SubscribeOpen")
-        queue = await self.broker.attach(request.open)
+        queue, generation = await self.broker.attach(request.open)
         failure: list[BaseException] = []
-        reader = asyncio.create_task(self._read_credits(requests, queue, failure), name="subscribe-credits")
+        reader = asyncio.create_task(self._read_credits(requests, queue, generation, failure), name="subscribe-credits")
         try:
             yield broker_pb2.SubscribeResponse(
                 subscribed=broker_pb2.Subscribed(
@@ -151,7 +151,7 @@ class DataPlane:
             raise failure[0]
 
     async def _read_credits(
-        self, requests: AsyncIterator[Any], queue: SubscriptionQueue, failure: list[BaseException]
+        self, requests: AsyncIterator[Any], queue: SubscriptionQueue, generation: int, failure: list[BaseException]
     ) -> None:
         try:
             async for raw in requests:
@@ -159,7 +159,7 @@ class DataPlane:
         except (InvalidArgument, aio.AioRpcError, asyncio.InvalidStateError) as exc:
             failure.append(exc)
         finally:
-            queue.stop_stream()
+            queue.stop_stream(generation)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -245,10 +245,17 @@ def _credit_frame(raw: Any) -> broker_pb2.SubscriberCredit:
 
 
 def _merge(into: broker_pb2.PublishAck, later: broker_pb2.PublishAck) -> None:
+    """Fold a later acknowledgement into an earlier one (acks are cumulative).
+
+    A refusal the later ack has overtaken (the publisher already resent and stored those
+    messages) is dropped: it would send the publisher back below what is acknowledged.
+    """
     into.acked_through_seq = later.acked_through_seq
     into.duplicates += later.duplicates
     into.dropped += later.dropped
-    into.rejected.extend(later.rejected)
+    still = [r for r in [*into.rejected, *later.rejected] if r.first_seq > later.acked_through_seq]
+    del into.rejected[:]
+    into.rejected.extend(still[:1])
 
 
 def _topic_proto(spec: TopicSpec) -> broker_pb2.Topic:

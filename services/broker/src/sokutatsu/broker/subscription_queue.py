@@ -3,6 +3,7 @@
 Order of delivery, oldest first::
 
     front        items that were in flight when the last stream ended (redelivered first)
+    readback     items read back from disk, not yet sent    }
     disk         spilled items, read back in order          } flow-to-disk only
     spill buffer items waiting for the disk thread to write }
     memory       items in memory, newest last
@@ -23,6 +24,7 @@ one write.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import time
 from collections import deque
@@ -30,10 +32,11 @@ from pathlib import Path
 
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_element
-from sokutatsu.broker.segment_log import SegmentLog
+from sokutatsu.broker.segment_log import SegmentLog, SegmentLogError
 from sokutatsu.broker.subscription import SubscriptionSpec
 
 _PREV = struct.Struct("<Q")
+log = logging.getLogger(__name__)
 
 
 class Item:
@@ -83,6 +86,10 @@ class SubscriptionQueue:
         self._linger = linger_seconds
         self.memory: deque[Item] = deque()
         self.front: deque[Item] = deque()
+        # Read back from disk, not yet sent (between `front` and what is still on disk).
+        self.readback: deque[Item] = deque()
+        self._reading = False
+        self._spill_retry_delay = 0.0
         self.in_flight: deque[Item] = deque()
         self.spill_buffer: list[Item] = []
         self.spilling = 0
@@ -100,6 +107,9 @@ class SubscriptionQueue:
         self._skip: dict[str, int] = {}
         self._detaching = False
         self.closed = False
+        self.recovered = False
+        # Which stream is attached; stop_stream ignores requests about an earlier one.
+        self.generation = 0
         self.ready = asyncio.Event()
         # Set while no stream is attached.
         self.idle = asyncio.Event()
@@ -113,7 +123,14 @@ class SubscriptionQueue:
 
     # ------------------------------------------------------------ recovery --
     async def recover(self) -> None:
-        """Open the segment log left by an earlier run, if any; its items are owed again."""
+        """Open the segment log left by an earlier run, if any; its items are owed again.
+
+        Messages that were only in memory when the broker stopped are gone; so that the
+        SDK reports them, the first message of each publisher after a restart claims the
+        number just before it as its predecessor (a filtered subscription may therefore
+        report a possible gap once per publisher after a restart).
+        """
+        self.recovered = True
         if not self.folder.exists():
             return
         self.log = await self._disk.call(SegmentLog, self.folder)
@@ -130,6 +147,7 @@ class SubscriptionQueue:
         return (
             len(self.memory)
             + len(self.front)
+            + len(self.readback)
             + len(self.in_flight)
             + len(self.spill_buffer)
             + self.spilling
@@ -139,7 +157,10 @@ class SubscriptionQueue:
     def enqueue(self, msg: StoredMessage) -> bool:
         """Queue ``msg`` (already held once for this queue by the caller); True if it goes to disk."""
         publisher = msg.publisher_id
-        item = Item(publisher, msg.seq, self.last_enqueued.get(publisher, 0), msg.payload, msg, -1)
+        prev = self.last_enqueued.get(publisher)
+        if prev is None:
+            prev = msg.seq - 1 if self.recovered else 0
+        item = Item(publisher, msg.seq, prev, msg.payload, msg, -1)
         self.last_enqueued[publisher] = msg.seq
         self.memory_bytes += item.size
         to_disk = True
@@ -187,34 +208,60 @@ class SubscriptionQueue:
             self._disk.submit(self._spill)
 
     async def _spill(self) -> None:
+        """Write one batch of the spill buffer (a disk job; it resubmits itself while more waits,
+        so reads and other queues' jobs take turns with it)."""
+        retry = False
+        batch: list[Item] = []
         try:
-            while self.spill_buffer and not self.closed:
-                batch = self.spill_buffer
-                self.spill_buffer = []
-                self.spilling = len(batch)
+            if self.closed or not self.spill_buffer:
+                return
+            batch = self.spill_buffer
+            self.spill_buffer = []
+            self.spilling = len(batch)
+            try:
                 if self.log is None:
                     self.log = await self._disk.run_blocking(SegmentLog, self.folder)
                 records = [_PREV.pack(item.prev) + item.payload for item in batch]
                 await self._disk.run_blocking(self.log.append, records)
-                for item in batch:
-                    self.memory_bytes -= item.size
-                    self.disk_bytes += item.size
-                    if item.msg is not None:
-                        item.msg.release()
-                        item.msg = None
-                self.disk_count += len(batch)
-                self.spilled_total += len(batch)
-                self.spilling = 0
-                self._wake_spill_waiters()
+            except (OSError, SegmentLogError) as exc:
+                # Nothing of the batch counts as written: put it back, in order, and retry.
+                self.spill_buffer = batch + self.spill_buffer
+                self._spill_retry_delay = min(max(self._spill_retry_delay * 2, 0.05), 5.0)
+                log.error(  # noqa: TRY400 - an expected I/O failure: one line, no traceback
+                    "spilling %d messages of %s on %s failed: %s; retrying in %.2fs",
+                    len(batch),
+                    self.spec.subscriber_id,
+                    self.spec.topic,
+                    exc,
+                    self._spill_retry_delay,
+                )
+                retry = True
+                return
+            self._spill_retry_delay = 0.0
+            for item in batch:
+                self.memory_bytes -= item.size
+                self.disk_bytes += item.size
+                if item.msg is not None:
+                    item.msg.release()
+                    item.msg = None
+            self.disk_count += len(batch)
+            self.spilled_total += len(batch)
+            self._wake_spill_waiters()
         finally:
             self.spilling = 0
             self._spill_scheduled = False
             if self.closed:
                 self._wake_spill_waiters(everyone=True)
+            elif retry:
+                asyncio.get_running_loop().call_later(self._spill_retry_delay, self._schedule_spill)
+            elif self.spill_buffer:
+                self._schedule_spill()
             self.ready.set()
 
     # ------------------------------------------------------------ delivery --
-    def attach(self, position: dict[str, int], credits: int) -> None:
+    def attach(self, position: dict[str, int], credits: int) -> int:
+        """Attach a stream; return its generation (for :meth:`stop_stream`)."""
+        self.generation += 1
         self.attached = True
         self.idle.clear()
         self._detaching = False
@@ -224,6 +271,7 @@ class SubscriptionQueue:
             if seq > self.delivered.get(publisher, 0):
                 self.delivered[publisher] = seq
         self.ready.set()
+        return self.generation
 
     def detach(self) -> None:
         """The stream ended: what was in flight is owed again, first."""
@@ -234,10 +282,14 @@ class SubscriptionQueue:
         self._skip = {}
         self.idle.set()
 
-    def stop_stream(self) -> None:
-        """Make :meth:`next_batch` return None (the client went away)."""
-        self._detaching = True
-        self.ready.set()
+    def stop_stream(self, generation: int) -> None:
+        """Make :meth:`next_batch` of stream ``generation`` return None (its client went away).
+
+        A request about an earlier stream (one that was already replaced) is ignored.
+        """
+        if generation == self.generation and self.attached:
+            self._detaching = True
+            self.ready.set()
 
     def grant(self, credits: int) -> None:
         self.credits += credits
@@ -260,7 +312,7 @@ class SubscriptionQueue:
                     continue
             await self.ready.wait()
 
-    async def _take(self, limit: int) -> list[Item] | None:
+    async def _take(self, limit: int) -> list[Item] | None:  # noqa: PLR0911 - one return per source, in order
         """Up to ``limit`` items from the oldest source; None means: look again at once.
 
         A source can yield nothing although it was not empty (every item was already
@@ -269,8 +321,11 @@ class SubscriptionQueue:
         """
         if self.front:
             return self._pop(self.front, limit) or None
+        if self.readback:
+            return self._pop(self.readback, limit) or None
         if self.disk_count:
-            return await self._read_back(limit)
+            self._request_read(limit)
+            return []  # the read job sets `ready`
         if self.spill_buffer or self.spilling:
             return []  # the spill job sets `ready` when the items are on disk
         if not self.memory:
@@ -296,28 +351,48 @@ class SubscriptionQueue:
             size += item.size
         return items
 
-    async def _read_back(self, limit: int) -> list[Item] | None:
-        log = self.log
-        if log is None:  # pragma: no cover - disk_count > 0 implies a log
-            return []
-        records = await self._disk.call(log.read, limit, self._batch_bytes)
-        if self.closed:
-            return []
-        self.disk_count -= len(records)
-        items = [_parse_record(segment, record) for segment, record in records]
-        for item in items:
-            self.disk_bytes -= item.size
-            self.memory_bytes += item.size
-        if self._detaching:
-            self.front.extend(items)
-            return []
-        skip = self._skip
-        if skip:
-            covered = [i for i in items if i.seq <= skip.get(i.publisher_id, 0)]
-            if covered:
-                self._release(covered)
-                items = [i for i in items if i.seq > skip.get(i.publisher_id, 0)]
-        return items if items else None
+    def _request_read(self, limit: int) -> None:
+        """Have the disk thread read the next records into ``readback``.
+
+        The job, not the stream, takes the records: a stream cancelled while the read
+        runs loses nothing, and the counters always match the log.
+        """
+        if self._reading or self.log is None:
+            return
+        self._reading = True
+        log_ = self.log
+
+        async def read() -> None:
+            try:
+                if self.closed:
+                    return
+                try:
+                    records = await self._disk.run_blocking(log_.read, limit, self._batch_bytes)
+                except SegmentLogError as exc:
+                    # An unreadable record cannot be delivered; the SDK sees the loss as a gap.
+                    log.error(  # noqa: TRY400 - a corrupt record: one line, no traceback
+                        "cannot read back %s on %s: %s", self.spec.subscriber_id, self.spec.topic, exc
+                    )
+                    records = []
+                    self.disk_count = 0
+                    self.disk_bytes = 0
+                if self.closed:
+                    return
+                if not records:
+                    self.disk_count = min(self.disk_count, log_.unread_count)
+                    self.disk_bytes = log_.unread_bytes if self.disk_count else 0
+                    return
+                items = [_parse_record(segment, record) for segment, record in records]
+                self.disk_count -= len(items)
+                for item in items:
+                    self.disk_bytes -= item.size
+                    self.memory_bytes += item.size
+                self.readback.extend(items)
+            finally:
+                self._reading = False
+                self.ready.set()
+
+        self._disk.submit(read)
 
     def _send(self, items: list[Item]) -> bytes:
         self._last_send = time.monotonic()
@@ -360,7 +435,7 @@ class SubscriptionQueue:
     # --------------------------------------------------------------- close --
     def clear(self) -> int:
         """Drop everything owed (switchover step 4, or a deleted subscription); return how many."""
-        items = [*self.front, *self.in_flight, *self.memory, *self.spill_buffer]
+        items = [*self.front, *self.readback, *self.in_flight, *self.memory, *self.spill_buffer]
         dropped = len(items) + self.disk_count + self.spilling
         for item in items:
             self.memory_bytes -= item.size
@@ -368,6 +443,7 @@ class SubscriptionQueue:
                 item.msg.release()
                 item.msg = None
         self.front.clear()
+        self.readback.clear()
         self.in_flight.clear()
         self.memory.clear()
         self.spill_buffer = []
