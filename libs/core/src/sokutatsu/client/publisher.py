@@ -4,7 +4,8 @@ Every message gets the next number of this publisher's sequence. Messages are
 batched on the wire (a frame is sent when ``batch_messages`` or
 ``batch_bytes`` are ready, or after ``linger`` seconds) and every batch goes to
 every broker address given (the active/standby pair). A message is
-acknowledged once every connected broker holds it.
+acknowledged once every broker holds it; acknowledging with one broker of
+the pair down ("single copy") comes with the pair, issue #4.
 
 * A stream that breaks is opened again with jittered exponential backoff; the
   broker says which number it last holds and the rest is sent again, so

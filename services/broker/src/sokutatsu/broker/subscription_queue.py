@@ -97,7 +97,6 @@ class SubscriptionQueue:
         self.disk_count = 0
         self.disk_bytes = 0
         self.memory_bytes = 0
-        self.peak_memory_bytes = 0
         self.log: SegmentLog | None = None
         self.last_enqueued: dict[str, int] = {}
         self.delivered: dict[str, int] = {}
@@ -177,7 +176,6 @@ class SubscriptionQueue:
             to_disk = False
         if to_disk:
             self._schedule_spill()
-        self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_bytes)
         self.enqueued_total += 1
         if self.attached:
             self.ready.set()
