@@ -143,3 +143,26 @@ async def test_messages_lost_with_a_killed_broker_are_reported_as_a_gap(
         [six] = await _take(sub, 1)
         assert six.publisher_seq == 6
         assert [(g.publisher_id, g.first_missing, g.last_missing) for g in sub.gaps] == [("feed", 3, 5)]
+
+
+async def test_a_graceful_restart_keeps_the_backlog_of_durable_subscriptions(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory()
+    broker.start()
+    async with Subscriber(broker.address, "away", "prices", durable=True) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+        async with aio.insecure_channel(broker.address) as channel:
+            pub, _ = await open_publish(channel, "feed")
+            await publish(pub, batch("prices", [message("feed", s) for s in range(1, 11)]))
+            got = await _take(sub, 3)  # 4.. are in flight or queued when the subscriber leaves
+    assert [m.publisher_seq for m in got] == [1, 2, 3]
+    async with aio.insecure_channel(broker.address) as channel:
+        pub, _ = await open_publish(channel, "feed")
+        await publish(pub, batch("prices", [message("feed", s) for s in range(11, 201)]))
+    assert broker.stop() == 0  # SIGTERM: the in-memory backlog goes to disk
+    broker.start()
+    async with Subscriber(broker.address, "away", "prices", durable=True, position={"feed": 3}) as sub:
+        rest = await asyncio.wait_for(_take(sub, 197), 30)
+        assert sub.gaps == []
+    assert [m.publisher_seq for m in rest] == list(range(4, 201))

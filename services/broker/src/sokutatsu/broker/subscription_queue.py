@@ -477,10 +477,41 @@ class SubscriptionQueue:
         self.disk_bytes = 0
 
     async def close(self) -> None:
-        """Close the segment log, keeping it on disk (broker shutdown, after the disk task has stopped)."""
+        """Broker shutdown (after the disk task has stopped): keep a durable queue's backlog on disk.
+
+        What is only in memory is appended to the segment log where that keeps the order:
+        all of it when nothing is on disk, otherwise the part newer than what is on disk
+        (older in-memory items, sent before the queue went to disk, are then lost, and the
+        SDK reports them as a gap after the restart).
+        """
         self.closed = True
         self._wake_spill_waiters(everyone=True)
         self.ready.set()
+        if self.spec.durable:
+            older = [i for i in (*self.in_flight, *self.front, *self.readback) if i.segment < 0]
+            on_disk = bool(self.disk_count or self.spilling) or any(
+                i.segment >= 0 for i in (*self.in_flight, *self.front, *self.readback)
+            )
+            keep = ([] if on_disk else older) + [*self.spill_buffer, *self.memory]
+            if keep:
+                try:
+                    if self.log is None:
+                        self.log = await self._disk.run_blocking(SegmentLog, self.folder)
+                    await self._disk.run_blocking(self.log.append, [_PREV.pack(i.prev) + i.payload for i in keep])
+                    log.info(
+                        "kept %d messages of %s on %s for the restart",
+                        len(keep),
+                        self.spec.subscriber_id,
+                        self.spec.topic,
+                    )
+                except (OSError, SegmentLogError) as exc:
+                    log.error(  # noqa: TRY400 - an I/O failure at shutdown: one line, no traceback
+                        "could not keep %d messages of %s on %s: %s",
+                        len(keep),
+                        self.spec.subscriber_id,
+                        self.spec.topic,
+                        exc,
+                    )
         if self.log is not None:
             await self._disk.run_blocking(self.log.close)
 
