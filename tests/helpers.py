@@ -101,3 +101,11 @@ def _wait_announced(module: str, process: subprocess.Popen[str], announce: Path,
         time.sleep(0.02)
     address: str = json.loads(announce.read_text())["address"]
     return address
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -25,6 +25,7 @@ import pytest
 
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError
 from sokutatsu.core.health import wait_serving
+from tests.helpers import pid_alive
 
 # Bounds that only stop a hung test; nothing asserts on durations. Their sum stays
 # under E2E_TIMEOUT_SECONDS, the pytest-timeout of these tests (the default 120 s is
@@ -40,16 +41,7 @@ SERVICE_NAMES = {"seq-a", "seq-b", "broker-a", "broker-b", "monitor", "queuedb-1
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes.
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return pid_alive(pid)
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -23,6 +23,7 @@ from sokutatsu.core.embedded_pg import (
     provide_postgres,
 )
 from tests.fix_pg import PgServer, docker_engine_problem
+from tests.helpers import pid_alive
 
 
 def test_start_connect_stop_and_restart_keeps_data(pg_tmp_folder: Path) -> None:
@@ -124,11 +125,7 @@ def _postmaster_alive(data: Path) -> bool:
         pid = int((data / "postmaster.pid").read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
         return False
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return pid_alive(pid)
 
 
 def _stop_any_server(data: Path) -> None:

@@ -204,6 +204,18 @@ def parse_optional_path(raw: str) -> Path | None:
     return Path(raw) if raw else None
 
 
+def choice(*values: str) -> Callable[[str], str]:
+    """A parser accepting exactly one of ``values``."""
+    expected = " or ".join(values) if len(values) <= 2 else ", ".join(values[:-1]) + " or " + values[-1]
+
+    def parse(raw: str) -> str:
+        if raw not in values:
+            raise SettingsError(f"expected {expected}")
+        return raw
+
+    return parse
+
+
 def parse_log_level(raw: str) -> str:
     level = raw.upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:

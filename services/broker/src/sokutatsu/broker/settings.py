@@ -7,19 +7,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import ServiceSettings
-from sokutatsu.core.settings import SettingsError, parse_address, parse_bool, parse_name, parse_size, setting
+from sokutatsu.core.settings import SettingsError, choice, parse_address, parse_bool, parse_name, parse_size, setting
 
-
-def parse_mode(raw: str) -> str:
-    if raw not in ("flow-to-disk", "migrate"):
-        raise SettingsError("expected flow-to-disk or migrate")
-    return raw
-
-
-def parse_role(raw: str) -> str:
-    if raw not in ("active", "standby"):
-        raise SettingsError("expected active or standby")
-    return raw
+parse_mode = choice("flow-to-disk", "migrate")
+parse_role = choice("active", "standby")
 
 
 def parse_count(raw: str) -> int:
