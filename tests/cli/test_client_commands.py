@@ -101,3 +101,5 @@ def test_bench_throughput_quick_writes_its_figures(tmp_path: Path) -> None:
     assert figures["throughput"]["gaps"] == 0
     assert figures["throughput"]["duplicates"] == 0
     assert figures["latency"]["messages"] == 15000
+    for phase in ("throughput", "latency"):
+        assert 0 <= figures[phase]["cpu_steal_percent"] <= 100

@@ -70,6 +70,35 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     return sorted_values[index]
 
 
+@dataclass
+class CpuSample:
+    """Jiffies of all CPUs from /proc/stat: total and stolen by the hypervisor."""
+
+    total: int
+    steal: int
+
+
+def cpu_sample() -> CpuSample:
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return CpuSample(0, 0)
+    steal = fields[7] if len(fields) > 7 else 0
+    return CpuSample(sum(fields[:8]), steal)
+
+
+def steal_percent(before: CpuSample, after: CpuSample) -> float | None:
+    """Share of CPU time the hypervisor took between two samples (None where unknown).
+
+    On a virtual machine, steal stalls every process at once; a latency tail measured
+    while it is high says more about the host than about the code.
+    """
+    total = after.total - before.total
+    if total <= 0:
+        return None
+    return round(100 * (after.steal - before.steal) / total, 1)
+
+
 def machine() -> dict[str, Any]:
     cpu = "unknown"
     with contextlib.suppress(OSError):

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from sokutatsu.cli.bench_common import broker_process, machine, percentile
+from sokutatsu.cli.bench_common import broker_process, cpu_sample, machine, percentile, steal_percent
 from sokutatsu.client import BufferFull, Publisher, Subscriber
 
 
@@ -159,9 +159,13 @@ async def measure_latency(address: str, cfg: ThroughputConfig) -> dict[str, Any]
 
 async def run(cfg: ThroughputConfig) -> dict[str, Any]:
     with broker_process() as broker:
+        before = cpu_sample()
         throughput = await measure_throughput(broker.address, cfg)
+        throughput["cpu_steal_percent"] = steal_percent(before, cpu_sample())
     with broker_process() as broker:
+        before = cpu_sample()
         latency = await measure_latency(broker.address, cfg)
+        latency["cpu_steal_percent"] = steal_percent(before, cpu_sample())
     return {
         "benchmark": "throughput",
         "msgs_per_s": throughput["msgs_per_s"],

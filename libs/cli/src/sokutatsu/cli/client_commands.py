@@ -174,7 +174,8 @@ def bench_throughput(
     result["mode"] = "quick" if quick else "full"
     console.print(
         f"throughput {result['msgs_per_s']:,} msgs/s   latency at {result['rate']:,} msgs/s: "
-        f"p50 {result['p50_ms']} ms  p99 {result['p99_ms']} ms  (max {result['latency']['max_ms']} ms)"
+        f"p50 {result['p50_ms']} ms  p99 {result['p99_ms']} ms  (max {result['latency']['max_ms']} ms)   "
+        f"CPU steal {result['throughput']['cpu_steal_percent']}% / {result['latency']['cpu_steal_percent']}%"
     )
     write_json(json_path, result)
     if json_path:
