@@ -187,3 +187,14 @@ async def test_a_publisher_killed_mid_stream_loses_nothing_acknowledged(
                     break
         assert seqs == list(range(1, acked + 1))
     await watched()
+
+
+async def test_control_serves_get_role_and_refuses_the_pair_steps(broker: BrokerProcess) -> None:
+    async with aio.insecure_channel(broker.address) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
+        assert (role.broker_id, role.role) == ("broker-a", broker_pb2.BROKER_ROLE_ACTIVE)
+        error = await _status(control.GetSwitchPosition(broker_pb2.GetSwitchPositionRequest(), timeout=10))
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "GetSwitchPosition is not served by this build yet" in (error.details() or "")
+        assert "issue #4" in (error.details() or "")

@@ -259,3 +259,14 @@ def test_json_lines_exporter_writes_otlp_json(tmp_path: Path) -> None:
     assert by_name["send"]["traceId"] == format(context.trace_id, "032x")
     assert by_name["send"]["spanId"] == format(context.span_id, "016x")
     assert by_name["process"]["links"][0]["spanId"] == format(context.span_id, "016x")
+
+
+def test_unserved_refuses_to_serve_a_method_the_service_does_not_have() -> None:
+    from grpc_health.v1 import health_pb2 as health  # noqa: PLC0415 - any real service descriptor
+
+    from sokutatsu.core.unserved import unimplemented_service  # noqa: PLC0415
+
+    service = health.DESCRIPTOR.services_by_name["Health"]
+    handler = grpc.unary_unary_rpc_method_handler(_raise, _identity, _identity)
+    with pytest.raises(ValueError, match=r"has no methods \['Chek'\]"):
+        unimplemented_service(service, "never", {"Chek": handler})

@@ -7,6 +7,7 @@ API today and nobody mistakes a missing feature for a bug.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -34,13 +35,22 @@ def _handler(method: MethodDescriptor, message: str) -> grpc.RpcMethodHandler[An
     return grpc.unary_unary_rpc_method_handler(unary)
 
 
-def unimplemented_service(service: ServiceDescriptor, pending: str) -> grpc.GenericRpcHandler:
-    """A handler answering every method of ``service`` with UNIMPLEMENTED.
+def unimplemented_service(
+    service: ServiceDescriptor,
+    pending: str,
+    served: Mapping[str, grpc.RpcMethodHandler[Any, Any]] | None = None,
+) -> grpc.GenericRpcHandler:
+    """A handler for ``service``: the methods in ``served`` as given, every other one UNIMPLEMENTED.
 
     ``pending`` says what is missing, e.g. ``"the broker logic arrives with issue #3"``.
     """
+    served = served or {}
+    unknown = set(served) - {m.name for m in service.methods}
+    if unknown:
+        raise ValueError(f"{service.full_name} has no methods {sorted(unknown)}")
     handlers = {
-        method.name: _handler(method, f"{service.full_name}/{method.name} is not served by this build yet: {pending}")
+        method.name: served.get(method.name)
+        or _handler(method, f"{service.full_name}/{method.name} is not served by this build yet: {pending}")
         for method in service.methods
     }
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

@@ -213,15 +213,17 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{subscriber_id!r} is connected to {topic_name!r}; disconnect it first")
-        await self._remove_queue(queue)
-
-    async def _remove_queue(self, queue: SubscriptionQueue) -> None:
-        topic = self.topics[queue.spec.topic]
-        topic.queues.pop(queue.spec.subscriber_id, None)
-        topic.reindex()
-        await queue.destroy()
+        self._remove_queue(queue)
         if queue.spec.durable:
             await self._save_catalog()
+
+    def _remove_queue(self, queue: SubscriptionQueue) -> None:
+        """Take ``queue`` out of its topic and drop it with its segments."""
+        topic = self.topics.get(queue.spec.topic)
+        if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
+            del topic.queues[queue.spec.subscriber_id]
+            topic.reindex()
+        queue.discard()
 
     async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> tuple[SubscriptionQueue, int]:
         """Attach a subscriber stream to its queue (creating a non-durable one).
@@ -272,12 +274,8 @@ class Broker:
             return
         # A non-durable queue leaves the index before it reports idle, so a subscriber
         # taking over with the same id creates a fresh one.
-        topic = self.topics.get(queue.spec.topic)
-        if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
-            del topic.queues[queue.spec.subscriber_id]
-            topic.reindex()
+        self._remove_queue(queue)
         queue.detach()
-        queue.discard()
 
     @staticmethod
     def credit(queue: SubscriptionQueue, frame: broker_pb2.SubscriberCredit) -> None:

@@ -10,7 +10,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
-from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
+from sokutatsu.broker.service import SERVICE, Admin, DataPlane, control_handler
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2_grpc
 from sokutatsu.core.server import Register, ServiceContext, run_service
@@ -40,7 +40,7 @@ def build(settings: BrokerSettings) -> Register:
             "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
         }
         broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker), server)
-        broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker), server)
+        server.add_generic_rpc_handlers((control_handler(broker),))
         return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 
     return register

@@ -15,7 +15,8 @@ from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.catalog import TopicSpec
 from sokutatsu.broker.subscription_queue import SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.core.errors import InvalidArgument, Unimplemented
+from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.unserved import unimplemented_service
 
 log = logging.getLogger(__name__)
 
@@ -265,47 +266,20 @@ def _topic_proto(spec: TopicSpec) -> broker_pb2.Topic:
 
 
 PAIR_PENDING = "the broker pair and switchover arrive with issue #4"
+CONTROL = broker_pb2.DESCRIPTOR.services_by_name["BrokerControl"]
 
 
-class Control(broker_pb2_grpc.BrokerControlServicer):
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+def control_handler(broker: Broker) -> grpc.GenericRpcHandler:
+    """``BrokerControl``: GetRole today; the pair's other steps answer UNIMPLEMENTED (issue #4)."""
 
-    def _role(self) -> broker_pb2.RoleInfo:
-        b = self.broker
-        return broker_pb2.RoleInfo(broker_id=b.settings.instance, role=b.role, epoch=b.epoch, peer=b.peer)
+    async def get_role(request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]) -> Any:
+        return broker_pb2.RoleInfo(
+            broker_id=broker.settings.instance, role=broker.role, epoch=broker.epoch, peer=broker.peer
+        )
 
-    async def GetRole(
-        self, request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.RoleInfo:
-        return self._role()
-
-    async def SetRole(
-        self, request: broker_pb2.SetRoleRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.RoleInfo:
-        raise Unimplemented(f"SetRole: {PAIR_PENDING}")
-
-    async def GetSwitchPosition(
-        self, request: broker_pb2.GetSwitchPositionRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.GetSwitchPositionResponse:
-        raise Unimplemented(f"GetSwitchPosition: {PAIR_PENDING}")
-
-    async def AcceptSubscriber(
-        self, request: broker_pb2.AcceptSubscriberRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.AcceptSubscriberResponse:
-        raise Unimplemented(f"AcceptSubscriber: {PAIR_PENDING}")
-
-    async def RedirectSubscriber(
-        self, request: broker_pb2.RedirectSubscriberRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.RedirectSubscriberResponse:
-        raise Unimplemented(f"RedirectSubscriber: {PAIR_PENDING}")
-
-    async def ReleaseSubscriber(
-        self, request: broker_pb2.ReleaseSubscriberRequest, context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.ReleaseSubscriberResponse:
-        raise Unimplemented(f"ReleaseSubscriber: {PAIR_PENDING}")
-
-    async def ReplicateWatermarks(
-        self, request_iterator: AsyncIterator[broker_pb2.DeliveredWatermarks], context: aio.ServicerContext[Any, Any]
-    ) -> broker_pb2.ReplicateWatermarksResponse:
-        raise Unimplemented(f"ReplicateWatermarks: {PAIR_PENDING}")
+    served = {
+        "GetRole": grpc.unary_unary_rpc_method_handler(
+            get_role, broker_pb2.GetRoleRequest.FromString, broker_pb2.RoleInfo.SerializeToString
+        )
+    }
+    return unimplemented_service(CONTROL, PAIR_PENDING, served)

@@ -448,7 +448,11 @@ class SubscriptionQueue:
         return dropped
 
     def discard(self) -> None:
-        """Like :meth:`destroy`, without waiting: the disk thread deletes the segments later."""
+        """Drop the queue and its segments (the subscription is gone).
+
+        Synchronous, so it also runs in a handler being cancelled; the disk thread deletes
+        the segments, in order with the jobs already queued.
+        """
         self.closed = True
         self._wake_spill_waiters(everyone=True)
         self.clear()
@@ -463,18 +467,6 @@ class SubscriptionQueue:
                 await self._disk.run_blocking(log.destroy)
 
             self._disk.submit(remove)
-
-    async def destroy(self) -> None:
-        """Delete the queue and its segments (the subscription was deleted)."""
-        self.closed = True
-        self._wake_spill_waiters(everyone=True)
-        self.clear()
-        self.ready.set()
-        if self.log is not None:
-            await self._disk.call(self.log.destroy)
-            self.log = None
-        self.disk_count = 0
-        self.disk_bytes = 0
 
     async def close(self) -> None:
         """Broker shutdown (after the disk task has stopped): keep a durable queue's backlog on disk.
