@@ -77,3 +77,13 @@ async def open_subscribe(
     assert isinstance(first, broker_pb2.SubscribeResponse), first
     assert first.HasField("subscribed"), first
     return call
+
+
+async def read_seqs(call: SubscribeCall, count: int) -> list[int]:
+    """Read delivery frames until at least ``count`` sequence numbers arrived; return them in order."""
+    seqs: list[int] = []
+    while len(seqs) < count:
+        frame = await call.read()
+        assert isinstance(frame, broker_pb2.SubscribeResponse), frame
+        seqs += [m.publisher_seq for m in frame.batch.messages]
+    return seqs

@@ -11,7 +11,7 @@ from grpc import aio
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
 from tests.broker.fix_broker import BrokerProcess, stats, subscriber_stats, until
-from tests.broker.raw import batch, message, open_publish, open_subscribe, publish
+from tests.broker.raw import batch, message, open_publish, open_subscribe, publish, read_seqs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,11 +27,7 @@ async def test_credits_are_never_exceeded(broker: BrokerProcess) -> None:
             return s.in_flight == 7 and s.credits == 0 and s.depth == 100
 
         await until(broker_has_sent_all_it_may, "7 messages in flight")
-        received: list[int] = []
-        while len(received) < 7:
-            frame = await sub.read()
-            assert isinstance(frame, broker_pb2.SubscribeResponse)
-            received += [m.publisher_seq for m in frame.batch.messages]
+        received = await read_seqs(sub, 7)
         assert received == list(range(1, 8))
         # Acknowledge 5 without new credit: nothing more may come.
         await sub.write(
@@ -47,10 +43,7 @@ async def test_credits_are_never_exceeded(broker: BrokerProcess) -> None:
         assert (await subscriber_stats(broker.address, "counter")).credits == 0
         # Grant 10 more: exactly 10 more arrive.
         await sub.write(broker_pb2.SubscribeRequest(credit=broker_pb2.SubscriberCredit(credits=10)))
-        while len(received) < 17:
-            frame = await sub.read()
-            assert isinstance(frame, broker_pb2.SubscribeResponse)
-            received += [m.publisher_seq for m in frame.batch.messages]
+        received += await read_seqs(sub, 10)
         assert received == list(range(1, 18))
 
         async def window_full_again() -> bool:
@@ -75,11 +68,7 @@ async def test_duplicates_are_dropped_and_counted(broker: BrokerProcess) -> None
         assert opened.last_seq == 10
         ack = await publish(again, batch("dups", [message("retrying", s) for s in range(5, 16)]))
         assert (ack.acked_through_seq, ack.duplicates) == (15, 6)
-        seqs: list[int] = []
-        while len(seqs) < 15:
-            frame = await sub.read()
-            assert isinstance(frame, broker_pb2.SubscribeResponse)
-            seqs += [m.publisher_seq for m in frame.batch.messages]
+        seqs = await read_seqs(sub, 15)
         assert seqs == list(range(1, 16))
         assert (await stats(broker.address)).duplicates_total == 6
         again.cancel()
@@ -229,11 +218,7 @@ async def test_resume_when_everything_redelivered_is_already_held(broker: Broker
         pub, _ = await open_publish(channel, "bank")
         await publish(pub, batch("fx", [message("bank", s) for s in range(1, 6)]))
         first = await open_subscribe(channel, "tablet", "fx", credits=5, durable=True)
-        got: list[int] = []
-        while len(got) < 5:
-            frame = await first.read()
-            assert isinstance(frame, broker_pb2.SubscribeResponse)
-            got += [m.publisher_seq for m in frame.batch.messages]
+        assert await read_seqs(first, 5) == [1, 2, 3, 4, 5]
         first.cancel()  # gone without acknowledging: 1..5 are owed again, first
 
         async def detached() -> bool:
