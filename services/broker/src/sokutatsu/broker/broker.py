@@ -35,11 +35,13 @@ class Topic:
     spec: TopicSpec
     usage: Usage
     queues: dict[str, SubscriptionQueue] = field(default_factory=dict)
-    # The queues as a list, for the publish loop.
+    # The queues as a list, for the publish loop, and whether none of them filters keys.
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
+    unfiltered: bool = True
 
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
+        self.unfiltered = all(not q.spec.filtered for q in self.queue_list)
 
 
 @dataclass
@@ -295,6 +297,7 @@ class Broker:
 
     def _validate(self, publisher_id: str, topic: Topic, batch: broker_pb2.PublishBatch) -> None:
         max_body = self.settings.max_body
+        total_order = topic.spec.total_order
         previous = 0
         for m in batch.messages:
             seq = m.publisher_seq
@@ -318,7 +321,7 @@ class Broker:
                 )
             if m.previous_seq:
                 m.previous_seq = 0
-            if topic.spec.total_order and not m.HasField("stamp"):
+            if total_order and not m.HasField("stamp"):
                 raise InvalidArgument(f"message seq {seq}: topic {topic.spec.name!r} is total-order; stamp it")
 
     async def publish(
@@ -334,7 +337,7 @@ class Broker:
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
         queues = topic.queue_list
-        unfiltered = all(not q.spec.filtered for q in queues)
+        unfiltered = topic.unfiltered
         usages = (topic.usage, self.usage)
         messages = batch.messages
         spilled: set[SubscriptionQueue] = set()
