@@ -64,6 +64,50 @@ disk (seed 000's proposed method).
 """
 Global___OverflowMode: _TypeAlias = OverflowMode  # noqa: Y015
 
+class _QueueState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QueueStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUEUE_STATE_UNSPECIFIED: _QueueState.ValueType  # 0
+    QUEUE_STATE_SERVING: _QueueState.ValueType  # 1
+    """This broker serves the subscriber: it delivers the queue."""
+    QUEUE_STATE_SHADOW: _QueueState.ValueType  # 2
+    """The peer serves the subscriber; this broker (the standby) holds every
+    message the subscriber has not acknowledged yet, trimmed by the peer's
+    watermarks, ready to take over.
+    """
+    QUEUE_STATE_AWAY: _QueueState.ValueType  # 3
+    """The peer (the standby) serves the subscriber; this broker (the active)
+    holds nothing for it (switchover step 4 cleared it).
+    """
+    QUEUE_STATE_LEAVING: _QueueState.ValueType  # 4
+    """Between switchover steps 3 and 4: the stream was redirected; a
+    reconnecting subscriber is sent to the peer.
+    """
+
+class QueueState(_QueueState, metaclass=_QueueStateEnumTypeWrapper):
+    """What a broker of the pair does with one subscriber's queue."""
+
+QUEUE_STATE_UNSPECIFIED: QueueState.ValueType  # 0
+QUEUE_STATE_SERVING: QueueState.ValueType  # 1
+"""This broker serves the subscriber: it delivers the queue."""
+QUEUE_STATE_SHADOW: QueueState.ValueType  # 2
+"""The peer serves the subscriber; this broker (the standby) holds every
+message the subscriber has not acknowledged yet, trimmed by the peer's
+watermarks, ready to take over.
+"""
+QUEUE_STATE_AWAY: QueueState.ValueType  # 3
+"""The peer (the standby) serves the subscriber; this broker (the active)
+holds nothing for it (switchover step 4 cleared it).
+"""
+QUEUE_STATE_LEAVING: QueueState.ValueType  # 4
+"""Between switchover steps 3 and 4: the stream was redirected; a
+reconnecting subscriber is sent to the peer.
+"""
+Global___QueueState: _TypeAlias = QueueState  # noqa: Y015
+
 class _BrokerRole:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -350,15 +394,24 @@ class PublishOpen(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PUBLISHER_ID_FIELD_NUMBER: _builtins.int
+    FIRST_UNACKED_SEQ_FIELD_NUMBER: _builtins.int
     publisher_id: _builtins.str
+    first_unacked_seq: _builtins.int
+    """The oldest publisher_seq the publisher can still send (0 = it has sent
+    nothing yet). When the broker's last_seq for this publisher is below
+    first_unacked_seq - 1 (it was away while its peer acknowledged alone), it
+    continues after first_unacked_seq - 1 and tells its subscribers' SDKs of
+    the hole through previous_seq.
+    """
     def __init__(
         self,
         *,
         publisher_id: _builtins.str = ...,
+        first_unacked_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["publisher_id", b"publisher_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_unacked_seq", b"first_unacked_seq", "publisher_id", b"publisher_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1017,6 +1070,9 @@ class BrokerStats(_message.Message):
     DUPLICATES_TOTAL_FIELD_NUMBER: _builtins.int
     MAX_COUNT_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    PEER_FIELD_NUMBER: _builtins.int
+    PEER_UP_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1040,6 +1096,13 @@ class BrokerStats(_message.Message):
     max_count: _builtins.int
     """The broker-wide limits in force (0 = none)."""
     max_bytes: _builtins.int
+    peer: _builtins.str
+    """The peer broker of the pair (host:port, empty = none) and whether it is
+    heard from (a watermark frame within the peer timeout).
+    """
+    peer_up: _builtins.bool
+    epoch: _builtins.int
+    """Fencing epoch of the current role (see RoleInfo)."""
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStats]: ...
     def __init__(
@@ -1062,10 +1125,13 @@ class BrokerStats(_message.Message):
         duplicates_total: _builtins.int = ...,
         max_count: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
+        peer: _builtins.str = ...,
+        peer_up: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1089,6 +1155,8 @@ class SubscriberStats(_message.Message):
     OUTFLOW_PER_SECOND_FIELD_NUMBER: _builtins.int
     DELIVERED_FIELD_NUMBER: _builtins.int
     OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     connected: _builtins.bool
@@ -1109,9 +1177,15 @@ class SubscriberStats(_message.Message):
     """Rates over the last few seconds, messages per second."""
     outflow_per_second: _builtins.float
     overflow_mode: Global___OverflowMode.ValueType
+    state: Global___QueueState.ValueType
+    """Whether this broker serves the subscriber (see QueueState)."""
     @_builtins.property
     def delivered(self) -> Global___Position:
         """Per publisher, the last seq sent to the subscriber."""
+
+    @_builtins.property
+    def acked(self) -> Global___Position:
+        """Per publisher, the last seq the subscriber acknowledged."""
 
     def __init__(
         self,
@@ -1130,10 +1204,12 @@ class SubscriberStats(_message.Message):
         outflow_per_second: _builtins.float = ...,
         delivered: Global___Position | None = ...,
         overflow_mode: Global___OverflowMode.ValueType = ...,
+        state: Global___QueueState.ValueType = ...,
+        acked: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "delivered", b"delivered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1162,6 +1238,7 @@ class RoleInfo(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     PEER_FIELD_NUMBER: _builtins.int
+    PEER_UP_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     epoch: _builtins.int
@@ -1170,6 +1247,8 @@ class RoleInfo(_message.Message):
     """
     peer: _builtins.str
     """host:port of the peer broker, if known."""
+    peer_up: _builtins.bool
+    """Whether the peer is heard from (a watermark frame within the peer timeout)."""
     def __init__(
         self,
         *,
@@ -1177,10 +1256,11 @@ class RoleInfo(_message.Message):
         role: Global___BrokerRole.ValueType = ...,
         epoch: _builtins.int = ...,
         peer: _builtins.str = ...,
+        peer_up: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "epoch", b"epoch", "peer", b"peer", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "epoch", b"epoch", "peer", b"peer", "peer_up", b"peer_up", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1243,18 +1323,31 @@ class GetSwitchPositionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POSITION_FIELD_NUMBER: _builtins.int
+    DELIVERED_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    connected: _builtins.bool
     @_builtins.property
     def position(self) -> Global___Position:
-        """What the serving broker has delivered to the subscriber so far."""
+        """The switch position: what the subscriber has acknowledged. The taking
+        broker may drop everything up to it; the subscriber reconnects with its
+        own position, which is never below it, so nothing the serving broker
+        sends after this step is lost or doubled.
+        """
+
+    @_builtins.property
+    def delivered(self) -> Global___Position:
+        """What the serving broker has sent so far (>= position)."""
 
     def __init__(
         self,
         *,
         position: Global___Position | None = ...,
+        delivered: Global___Position | None = ...,
+        connected: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "delivered", b"delivered", "position", b"position"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1297,18 +1390,29 @@ class AcceptSubscriberResponse(_message.Message):
 
     DEPTH_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    FLOOR_FIELD_NUMBER: _builtins.int
     depth: _builtins.int
     """Messages the taking broker now holds for the subscriber."""
     dropped: _builtins.int
+    @_builtins.property
+    def floor(self) -> Global___Position:
+        """The taking broker holds every message of the subscription after this
+        position. Redirecting is safe only once the switch position covers it
+        (for each publisher here, position >= floor); a broker that was away from
+        the subscriber starts holding at accept time, so the caller asks for the
+        switch position again until it does.
+        """
+
     def __init__(
         self,
         *,
         depth: _builtins.int = ...,
         dropped: _builtins.int = ...,
+        floor: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["floor", b"floor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "dropped", b"dropped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "dropped", b"dropped", "floor", b"floor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1420,34 +1524,60 @@ Global___ReleaseSubscriberResponse: _TypeAlias = ReleaseSubscriberResponse  # no
 
 @_typing.final
 class DeliveredWatermarks(_message.Message):
-    """Active -> standby: what the active has delivered, so the standby can drop
-    messages every subscriber served by the active already has.
+    """Broker -> peer, every few ms while something changed (and at least every
+    100 ms, so the peer knows this broker is up): what the subscribers this
+    broker serves have acknowledged, so the peer can drop what they already have
+    from its shadow queues.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    TOPIC_FIELD_NUMBER: _builtins.int
-    DELIVERED_FIELD_NUMBER: _builtins.int
-    topic: _builtins.str
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIBERS_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.str
     @_builtins.property
-    def delivered(self) -> Global___Position:
-        """For each publisher, every message up to this seq was delivered to every
-        subscriber of the topic that the active serves.
-        """
+    def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.str = ...,
+        subscribers: _abc.Iterable[Global___SubscriberWatermark] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "subscribers", b"subscribers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveredWatermarks: _TypeAlias = DeliveredWatermarks  # noqa: Y015
+
+@_typing.final
+class SubscriberWatermark(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscriber_id: _builtins.str
+    @_builtins.property
+    def acked(self) -> Global___Position:
+        """For each publisher, the subscriber acknowledged every message up to this seq."""
 
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
-        delivered: Global___Position | None = ...,
+        subscriber_id: _builtins.str = ...,
+        acked: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered", b"delivered", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___DeliveredWatermarks: _TypeAlias = DeliveredWatermarks  # noqa: Y015
+Global___SubscriberWatermark: _TypeAlias = SubscriberWatermark  # noqa: Y015
 
 @_typing.final
 class ReplicateWatermarksResponse(_message.Message):

@@ -610,7 +610,7 @@ class BrokerControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReplicateWatermarks(self, request_iterator, context):
-        """A client stream from the active to the standby, batched every few ms.
+        """A client stream from each broker to its peer, batched every few ms.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -193,7 +193,7 @@ class BrokerControlStub:
     RedirectSubscriber: _grpc.UnaryUnaryMultiCallable[_broker_pb2.RedirectSubscriberRequest, _broker_pb2.RedirectSubscriberResponse]
     ReleaseSubscriber: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReleaseSubscriberRequest, _broker_pb2.ReleaseSubscriberResponse]
     ReplicateWatermarks: _grpc.StreamUnaryMultiCallable[_broker_pb2.DeliveredWatermarks, _broker_pb2.ReplicateWatermarksResponse]
-    """A client stream from the active to the standby, batched every few ms."""
+    """A client stream from each broker to its peer, batched every few ms."""
 
 @_typing.type_check_only
 class BrokerControlAsyncStub(BrokerControlStub):
@@ -205,7 +205,7 @@ class BrokerControlAsyncStub(BrokerControlStub):
     RedirectSubscriber: _aio.UnaryUnaryMultiCallable[_broker_pb2.RedirectSubscriberRequest, _broker_pb2.RedirectSubscriberResponse]  # type: ignore[assignment]
     ReleaseSubscriber: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReleaseSubscriberRequest, _broker_pb2.ReleaseSubscriberResponse]  # type: ignore[assignment]
     ReplicateWatermarks: _aio.StreamUnaryMultiCallable[_broker_pb2.DeliveredWatermarks, _broker_pb2.ReplicateWatermarksResponse]  # type: ignore[assignment]
-    """A client stream from the active to the standby, batched every few ms."""
+    """A client stream from each broker to its peer, batched every few ms."""
 
 class BrokerControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -256,6 +256,6 @@ class BrokerControlServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_broker_pb2.DeliveredWatermarks],
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ReplicateWatermarksResponse, _abc.Awaitable[_broker_pb2.ReplicateWatermarksResponse]]:
-        """A client stream from the active to the standby, batched every few ms."""
+        """A client stream from each broker to its peer, batched every few ms."""
 
 def add_BrokerControlServicer_to_server(servicer: BrokerControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
