@@ -1534,7 +1534,12 @@ class DeliveredWatermarks(_message.Message):
 
     BROKER_ID_FIELD_NUMBER: _builtins.int
     SUBSCRIBERS_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
+    address: _builtins.str
+    """The sender's host:port: a broker started without a peer address learns
+    it from the first frame and streams its own watermarks back.
+    """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
     def __init__(
@@ -1542,10 +1547,11 @@ class DeliveredWatermarks(_message.Message):
         *,
         broker_id: _builtins.str = ...,
         subscribers: _abc.Iterable[Global___SubscriberWatermark] | None = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "subscribers", b"subscribers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "subscribers", b"subscribers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
