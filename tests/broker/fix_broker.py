@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +105,42 @@ def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
     return b
 
 
+@dataclass
+class Pair:
+    """Two brokers that know each other: ``active`` (broker-a) and ``standby`` (broker-b)."""
+
+    active: BrokerProcess
+    standby: BrokerProcess
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.active.address, self.standby.address]
+
+
+@pytest.fixture
+def pair_factory(broker_factory: Callable[..., BrokerProcess]) -> Callable[..., Awaitable[Pair]]:
+    """Start a pair with extra settings for both; wait until each hears the other.
+
+    The standby is told the active's address; the active learns the standby's from its
+    first watermark frame (the way a pair on port 0 finds itself).
+    """
+
+    async def make(**settings: str) -> Pair:
+        a = broker_factory(instance="broker-a", role="active", peer_timeout_ms="500", **settings)
+        a.start()
+        b = broker_factory(instance="broker-b", role="standby", peer=a.address, peer_timeout_ms="500", **settings)
+        b.start()
+        pair = Pair(a, b)
+
+        async def heard() -> bool:
+            return (await stats(a.address)).peer_up and (await stats(b.address)).peer_up
+
+        await until(heard, "the brokers of the pair to hear each other")
+        return pair
+
+    return make
+
+
 async def stats(address: str) -> broker_pb2.BrokerStats:
     async with aio.insecure_channel(address) as channel:
         result: broker_pb2.BrokerStats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
@@ -130,4 +166,14 @@ async def until(predicate_coro: object, what: str, limit: float = 30.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-__all__ = ["BrokerProcess", "broker", "broker_factory", "stats", "subscriber_stats", "until", "wait_serving"]
+__all__ = [
+    "BrokerProcess",
+    "Pair",
+    "broker",
+    "broker_factory",
+    "pair_factory",
+    "stats",
+    "subscriber_stats",
+    "until",
+    "wait_serving",
+]

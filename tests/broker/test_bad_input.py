@@ -189,12 +189,58 @@ async def test_a_publisher_killed_mid_stream_loses_nothing_acknowledged(
     await watched()
 
 
-async def test_control_serves_get_role_and_refuses_the_pair_steps(broker: BrokerProcess) -> None:
+async def test_control_rpcs_refuse_bad_requests(broker: BrokerProcess) -> None:
     async with aio.insecure_channel(broker.address) as channel:
         control = broker_pb2_grpc.BrokerControlStub(channel)
         role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
-        assert (role.broker_id, role.role) == ("broker-a", broker_pb2.BROKER_ROLE_ACTIVE)
+        assert (role.broker_id, role.role, role.peer_up) == ("broker-a", broker_pb2.BROKER_ROLE_ACTIVE, False)
         error = await _status(control.GetSwitchPosition(broker_pb2.GetSwitchPositionRequest(), timeout=10))
-        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "GetSwitchPosition is not served by this build yet" in (error.details() or "")
-        assert "issue #4" in (error.details() or "")
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        error = await _status(
+            control.GetSwitchPosition(
+                broker_pb2.GetSwitchPositionRequest(topic="prices", subscriber_id="nobody"), timeout=10
+            )
+        )
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "prices" in (error.details() or "")
+        await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+            broker_pb2.CreateSubscriptionRequest(
+                subscription=broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
+            ),
+            timeout=10,
+        )
+        # Without a peer nothing may be redirected or released: the queue would have nowhere to go.
+        error = await _status(
+            control.RedirectSubscriber(
+                broker_pb2.RedirectSubscriberRequest(topic="prices", subscriber_id="desk", target="127.0.0.1:1"),
+                timeout=10,
+            )
+        )
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not heard from" in (error.details() or "")
+        error = await _status(
+            control.RedirectSubscriber(
+                broker_pb2.RedirectSubscriberRequest(topic="prices", subscriber_id="desk"), timeout=10
+            )
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        error = await _status(
+            control.AcceptSubscriber(
+                broker_pb2.AcceptSubscriberRequest(
+                    subscription=broker_pb2.Subscription(subscriber_id="x", topic="prices", durable=False)
+                ),
+                timeout=10,
+            )
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "durable" in (error.details() or "")
+        await control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=3), timeout=10)
+        error = await _status(
+            control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=2), timeout=10)
+        )
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "epoch 2" in (error.details() or "")
+        error = await _status(
+            control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_UNSPECIFIED, epoch=4), timeout=10)
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

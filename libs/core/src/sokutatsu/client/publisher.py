@@ -73,6 +73,8 @@ class _Link:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     broker_last_seq: int = 0
+    # The broker's last ack said its peer is down (it alone holds what it acknowledged).
+    single_copy: bool = False
 
 
 _PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
@@ -242,7 +244,13 @@ class Publisher:
             raise PublishTimeout(f"message {seq} not acknowledged within {self.ack_timeout:g}s{why}") from None
 
     def _advance(self) -> None:
-        acked = min(link.acked_through for link in self._links)
+        """Acknowledge what every broker holds; with a broker down, what the survivor holds once
+        it says (``single_copy``) that its peer is down too, not merely away from this client."""
+        links = self._links
+        up = [link for link in links if link.connected]
+        if up and len(up) < len(links) and any(link.single_copy for link in up):
+            links = up
+        acked = min(link.acked_through for link in links)
         if acked <= self._acked:
             return
         self._acked = acked
@@ -292,6 +300,7 @@ class Publisher:
             except* Exception as group:  # noqa: BLE001 - surfaces to the application instead of dying silently
                 self._fail(group.exceptions[0] if isinstance(group.exceptions[0], Exception) else group)
             link.connected = False
+            self._advance()
             if self._failure is None:
                 await asyncio.sleep(backoff.next_delay())
 
@@ -302,14 +311,20 @@ class Publisher:
                 request_serializer=_frame_bytes,
                 response_deserializer=broker_pb2.PublishResponse.FromString,
             )()
-            await call.write(broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=self.publisher_id)))
+            # Messages up to _acked may be gone from _pending (the survivor acknowledged them
+            # alone while this broker was away): it continues after them and marks the hole.
+            await call.write(
+                broker_pb2.PublishRequest(
+                    open=broker_pb2.PublishOpen(publisher_id=self.publisher_id, first_unacked_seq=self._acked + 1)
+                )
+            )
             first = await call.read()
             if first is aio.EOF or not isinstance(first, broker_pb2.PublishResponse) or not first.HasField("opened"):
                 await _raise_status(call)
                 raise _StreamEnded
             last = first.opened.last_seq
             link.broker_last_seq = last
-            link.acked_through = max(link.acked_through, last)
+            link.acked_through = max(link.acked_through, last, self._acked)
             link.sent_through = link.acked_through
             link.connected = True
             link.opened.set()
@@ -381,6 +396,7 @@ class Publisher:
             self.dropped += ack.dropped
             self.duplicates += ack.duplicates
             link.acked_through = max(link.acked_through, ack.acked_through_seq)
+            link.single_copy = ack.single_copy
             if ack.rejected and ack.rejected[0].first_seq > link.acked_through:
                 rejection = ack.rejected[0]
                 self.refused += rejection.last_seq - rejection.first_seq + 1

@@ -72,6 +72,8 @@ class ServiceContext:
     # Full method names ("/pkg.Service/Method") the generic RPC tracing skips: long-lived
     # streams whose spans are made per batch by the service itself.
     untraced: set[str] = field(default_factory=set)
+    # host:port the service answers on, set once it listens (empty before).
+    address: str = ""
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def start_background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -167,6 +169,7 @@ async def serve(
             if host in ("0.0.0.0", "[::]", "::"):  # noqa: S104 - announcing, not binding
                 host = "127.0.0.1"
             address = f"{host}:{port}"
+            context.address = address
             for name in ["", *names]:
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
             if runtime.announce_file is not None:

@@ -19,13 +19,26 @@ from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_name
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import SubscriptionSpec
-from sokutatsu.broker.subscription_queue import SubscriptionQueue
+from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
 MAX_CREDITS = 1_000_000
+ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
+STANDBY = broker_pb2.BROKER_ROLE_STANDBY
+_STATE_NAMES: dict[int, str] = {SERVING: "serving", SHADOW: "shadow", AWAY: "away", LEAVING: "leaving"}
+
+
+class PeerServes(Exception):
+    """The peer serves this subscriber; the stream ends with this redirect."""
+
+    def __init__(self, redirect: broker_pb2.Redirect) -> None:
+        super().__init__(redirect.reason)
+        self.redirect = redirect
+
+
 # How long a reconnecting subscriber waits for its previous stream to end.
 TAKEOVER_SECONDS = 10.0
 
@@ -35,13 +48,16 @@ class Topic:
     spec: TopicSpec
     usage: Usage
     queues: dict[str, SubscriptionQueue] = field(default_factory=dict)
-    # The queues as a list, for the publish loop, and whether none of them filters keys.
+    # The queues as a list; those that take messages (all but AWAY ones), for the publish
+    # loop, and whether none of those filters keys.
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
+    fanout: list[SubscriptionQueue] = field(default_factory=list)
     unfiltered: bool = True
 
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
-        self.unfiltered = all(not q.spec.filtered for q in self.queue_list)
+        self.fanout = [q for q in self.queue_list if q.state != AWAY]
+        self.unfiltered = all(not q.spec.filtered for q in self.fanout)
 
 
 @dataclass
@@ -72,7 +88,12 @@ class Broker:
         self.publishers: dict[str, PublisherState] = {}
         self.role = broker_pb2.BROKER_ROLE_ACTIVE if settings.role == "active" else broker_pb2.BROKER_ROLE_STANDBY
         self.epoch = 0
-        self.peer = ""
+        # The other broker of the pair (host:port; empty = none known) and when it was last heard.
+        self.peer = settings.peer
+        self.peer_heard_at = -1e18
+        self.peer_timeout = settings.peer_timeout_ms / 1000
+        # This broker's own host:port once it serves (sent to the peer in watermark frames).
+        self.address = ""
         self.publisher_streams = 0
         self.subscriber_streams = 0
         self.published_total = 0
@@ -170,9 +191,16 @@ class Broker:
     def _queue_folder(self, spec: SubscriptionSpec) -> Path:
         return self._queues_dir / spec.topic / spec.subscriber_id
 
-    def _add_queue(self, spec: SubscriptionSpec) -> SubscriptionQueue:
+    def _add_queue(
+        self, spec: SubscriptionSpec, state: broker_pb2.QueueState.ValueType | None = None
+    ) -> SubscriptionQueue:
+        """A new queue; a durable one on the standby starts as a shadow of the active's."""
         topic = self.topics.get(spec.topic) or self._add_topic(TopicSpec(name=spec.topic))
+        if state is None:
+            state = SHADOW if spec.durable and self.role == broker_pb2.BROKER_ROLE_STANDBY else SERVING
         queue = SubscriptionQueue(
+            state=state,
+            floor={publisher: p.last_seq for publisher, p in self.publishers.items()},
             spec=spec,
             folder=self._queue_folder(spec),
             disk=self.disk,
@@ -264,9 +292,23 @@ class Broker:
             queue = self._add_queue(spec)
         if queue.attached:
             raise Unavailable(f"{spec.subscriber_id!r} connected to {spec.topic!r} twice at once; retry")
+        if queue.state != SERVING:
+            self._claim(queue)
         generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
         self.subscriber_streams += 1
         return queue, generation
+
+    def _claim(self, queue: SubscriptionQueue) -> None:
+        """A subscriber came for a queue the peer serves: send it there, or serve it when the
+        peer is down (a standby then becomes active, for every subscriber)."""
+        spec = queue.spec
+        if self.peer and self.peer_up:
+            why = f"served by the peer ({_STATE_NAMES[queue.state]} here)"
+            raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
+        if self.role == STANDBY:
+            self._change_role(ACTIVE, self.epoch + 1, f"{spec.subscriber_id} came while the peer is not heard from")
+        if queue.state != SERVING:
+            self.take_over(queue, "the peer is not heard from")
 
     def detach(self, queue: SubscriptionQueue) -> None:
         """The subscriber's stream ended (synchronous: it must run even while being cancelled)."""
@@ -336,7 +378,7 @@ class Broker:
         self._validate(publisher_id, topic, batch)
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
-        queues = topic.queue_list
+        queues = topic.fanout
         unfiltered = topic.unfiltered
         usages = (topic.usage, self.usage)
         messages = batch.messages
@@ -382,7 +424,9 @@ class Broker:
             self.published_total += 1
         self.duplicates_total += duplicates
         self.dropped_total += dropped
-        ack = broker_pb2.PublishAck(acked_through_seq=state.last_seq, duplicates=duplicates, dropped=dropped)
+        ack = broker_pb2.PublishAck(
+            acked_through_seq=state.last_seq, duplicates=duplicates, dropped=dropped, single_copy=not self.peer_up
+        )
         if rejection is not None:
             ack.rejected.append(rejection)
         return ack, [queue.written(queue.spill_appended) for queue in spilled]
@@ -399,6 +443,205 @@ class Broker:
                 "subscribers catch up, or raise the limit"
             ),
         )
+
+    # ----------------------------------------------------------------- pair --
+    @property
+    def peer_up(self) -> bool:
+        """Whether the peer sent a watermark frame within the peer timeout."""
+        return time.monotonic() - self.peer_heard_at < self.peer_timeout
+
+    def _last_seqs(self) -> dict[str, int]:
+        return {publisher: p.last_seq for publisher, p in self.publishers.items()}
+
+    def resume_publisher(self, publisher_id: str, state: PublisherState, first_unacked: int) -> None:
+        """``PublishOpen.first_unacked_seq``: continue after a range this broker never got.
+
+        Its peer acknowledged that range alone while this broker was away; every queue
+        records the hole (floor and previous_seq), so a subscriber's SDK reports it
+        instead of missing it silently.
+        """
+        jump = first_unacked - 1
+        if jump < 1 or state.last_seq >= jump:
+            return
+        if state.last_seq:
+            log.warning(
+                "publisher %s continues at %d; this broker has up to %d only (its peer acknowledged the rest alone)",
+                publisher_id,
+                first_unacked,
+                state.last_seq,
+            )
+        state.last_seq = jump
+        state.rejecting = False
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                if queue.floor.get(publisher_id, 0) < jump:
+                    queue.floor[publisher_id] = jump
+                if queue.last_enqueued.get(publisher_id, 0) < jump:
+                    queue.last_enqueued[publisher_id] = jump
+
+    def take_over(self, queue: SubscriptionQueue, why: str) -> None:
+        """Serve a queue the peer served (the peer is down, or this broker was promoted)."""
+        if queue.state == AWAY:
+            # It holds nothing since it left: the first message of each publisher names the
+            # last number this broker saw as its predecessor, so the SDK reports the hole.
+            queue.last_enqueued = self._last_seqs()
+            queue.floor = self._last_seqs()
+        log.warning(
+            "now serving %s on %s (%s): %s", queue.spec.subscriber_id, queue.spec.topic, _STATE_NAMES[queue.state], why
+        )
+        queue.state = SERVING
+        queue.redirect = None
+        self._topic(queue.spec.topic).reindex()
+
+    def _serving(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
+        queue = self.queue(topic, subscriber_id)
+        if queue.state not in (SERVING, LEAVING):
+            raise FailedPrecondition(
+                f"{self.settings.instance} does not serve {subscriber_id!r} on {topic!r} (its copy is "
+                f"{_STATE_NAMES[queue.state]}); ask the broker that serves it"
+            )
+        return queue
+
+    def switch_position(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
+        """Switchover step 1: the queue whose acknowledged position is the switch position."""
+        return self._serving(topic, subscriber_id)
+
+    async def accept(self, sub: broker_pb2.Subscription, position: dict[str, int]) -> tuple[SubscriptionQueue, int]:
+        """Switchover step 2: serve the subscriber from here, dropping what precedes ``position``."""
+        spec = self.subscription_spec(sub)
+        if not spec.durable:
+            raise InvalidArgument("only durable subscriptions move between brokers (Subscription.durable)")
+        topic = await self._topic_or_create(spec.topic)
+        queue = topic.queues.get(spec.subscriber_id)
+        if queue is None:
+            queue = self._add_queue(spec, SERVING)
+            await self._save_catalog()
+        elif queue.spec != spec:
+            raise FailedPrecondition(
+                f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings here; "
+                "delete and recreate it on both brokers"
+            )
+        elif queue.state == AWAY:
+            # Back from the standby: hold from now on; the caller waits until the switch
+            # position covers this floor before redirecting.
+            queue.last_enqueued = self._last_seqs()
+            queue.floor = self._last_seqs()
+        queue.state = SERVING
+        queue.redirect = None
+        topic.reindex()
+        return queue, queue.trim(position)
+
+    def redirect_subscriber(self, topic: str, subscriber_id: str, redirect: broker_pb2.Redirect) -> bool:
+        """Switchover step 3: end the subscriber's stream with a redirect; True if it was connected."""
+        queue = self._serving(topic, subscriber_id)
+        if not self.peer_up:
+            raise FailedPrecondition(
+                f"the peer {self.peer or '(unknown)'} is not heard from; {subscriber_id!r} stays here"
+            )
+        queue.state = LEAVING
+        connected = queue.attached
+        queue.redirect_stream(redirect)
+        return connected
+
+    def release(self, topic: str, subscriber_id: str) -> int:
+        """Switchover step 4 (or undoing step 2): stop serving; the active clears its copy,
+        the standby keeps it as a shadow. Returns how many messages were cleared."""
+        queue = self.queue(topic, subscriber_id)
+        if queue.state in (AWAY, SHADOW):
+            return 0
+        if queue.attached:
+            raise FailedPrecondition(f"{subscriber_id!r} is connected here; redirect it first (step 3)")
+        if not self.peer_up:
+            raise FailedPrecondition(
+                f"the peer {self.peer or '(unknown)'} is not heard from; keeping {subscriber_id!r}'s queue here"
+            )
+        cleared = 0
+        if self.role == ACTIVE:
+            cleared = queue.empty_out()
+            queue.state = AWAY
+        else:
+            queue.state = SHADOW
+        queue.redirect = None
+        self._topic(topic).reindex()
+        return cleared
+
+    def set_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, peer: str) -> None:
+        """The monitor's role change, fenced by epoch: promotion serves every queue the peer
+        served; demotion makes served queues shadows and redirects their streams to the peer."""
+        if role not in (ACTIVE, STANDBY):
+            raise InvalidArgument("SetRole.role must be ACTIVE or STANDBY")
+        if epoch < self.epoch or (epoch == self.epoch and role != self.role):
+            raise FailedPrecondition(
+                f"epoch {epoch} is not newer than {self.settings.instance}'s epoch {self.epoch}; "
+                "a newer monitor decision exists"
+            )
+        if peer:
+            self.peer = peer
+        self._change_role(role, epoch, "set by the monitor")
+
+    def _change_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, why: str) -> None:
+        self.epoch = epoch
+        if role == self.role:
+            return
+        log.warning(
+            "role %s -> %s (epoch %d): %s",
+            broker_pb2.BrokerRole.Name(self.role),
+            broker_pb2.BrokerRole.Name(role),
+            epoch,
+            why,
+        )
+        self.role = role
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                if not queue.spec.durable:
+                    continue
+                if role == ACTIVE and queue.state in (SHADOW, LEAVING):
+                    self.take_over(queue, "promoted to active")
+                elif role == STANDBY and queue.state == SERVING:
+                    queue.state = SHADOW
+                    if queue.attached and self.peer:
+                        queue.redirect_stream(broker_pb2.Redirect(target=self.peer, reason="broker demoted"))
+                elif role == STANDBY and queue.state == AWAY:
+                    queue.state = SHADOW
+                    queue.last_enqueued = self._last_seqs()
+                    queue.floor = self._last_seqs()
+            topic.reindex()
+
+    def watermarks(self, everything: bool = False) -> list[broker_pb2.SubscriberWatermark]:
+        """What the subscribers served here acknowledged since the last call (or all of it)."""
+        out = []
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                if queue.state in (SERVING, LEAVING) and queue.spec.durable and (queue.acked_dirty or everything):
+                    queue.acked_dirty = False
+                    out.append(
+                        broker_pb2.SubscriberWatermark(
+                            topic=queue.spec.topic,
+                            subscriber_id=queue.spec.subscriber_id,
+                            acked=broker_pb2.Position(last_seq=queue.acked),
+                        )
+                    )
+        return out
+
+    def apply_watermarks(self, frame: broker_pb2.DeliveredWatermarks) -> None:
+        """The peer's frame: it is up; trim the shadows of the subscribers it serves."""
+        self.peer_heard_at = time.monotonic()
+        if frame.address and not self.peer:
+            self.peer = frame.address
+            log.info("learned the peer's address from its watermarks: %s", frame.address)
+        # Both active (one took over while the other was cut off): the older epoch, then
+        # the higher broker id, steps down; its subscribers are redirected to the peer.
+        if (
+            frame.role == ACTIVE
+            and self.role == ACTIVE
+            and (self.epoch, frame.broker_id) < (frame.epoch, self.settings.instance)
+        ):
+            self._change_role(STANDBY, frame.epoch, f"the peer {frame.broker_id} is active with epoch {frame.epoch}")
+        for mark in frame.subscribers:
+            topic = self.topics.get(mark.topic)
+            queue = topic.queues.get(mark.subscriber_id) if topic else None
+            if queue is not None and queue.state == SHADOW:
+                queue.trim(dict(mark.acked.last_seq))
 
     # ---------------------------------------------------------------- stats --
     def tick_rates(self) -> None:
@@ -437,6 +680,9 @@ class Broker:
             duplicates_total=self.duplicates_total,
             max_count=self.usage.max_count,
             max_bytes=self.usage.max_bytes,
+            peer=self.peer,
+            peer_up=self.peer_up,
+            epoch=self.epoch,
         )
         for topic in self.topics.values():
             for queue in topic.queue_list:
@@ -459,6 +705,8 @@ class Broker:
                         outflow_per_second=rates.outflow,
                         delivered=broker_pb2.Position(last_seq=queue.delivered),
                         overflow_mode=queue.spec.to_proto().overflow_mode,
+                        state=queue.state,
+                        acked=broker_pb2.Position(last_seq=queue.acked),
                     )
                 )
         return out

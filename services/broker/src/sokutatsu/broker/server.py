@@ -10,7 +10,8 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
-from sokutatsu.broker.service import SERVICE, Admin, DataPlane, control_handler
+from sokutatsu.broker.pair import join, stream_watermarks
+from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2_grpc
 from sokutatsu.core.server import Register, ServiceContext, run_service
@@ -24,6 +25,7 @@ def build(settings: BrokerSettings) -> Register:
         context.stack.callback(disk.close)
         context.start_background(disk.run(), "broker-disk")
         broker = Broker(settings, disk)
+        await join(broker)
         await broker.open()
         context.stack.push_async_callback(broker.close)
 
@@ -33,14 +35,16 @@ def build(settings: BrokerSettings) -> Register:
                 broker.tick_rates()
 
         context.start_background(rates(), "broker-rates")
+        context.start_background(stream_watermarks(broker, lambda: context.address), "broker-watermarks")
         server.add_generic_rpc_handlers((DataPlane(broker).handler(),))
         context.untraced |= {
             f"/{SERVICE}/Publish",
             f"/{SERVICE}/Subscribe",
             "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
+            "/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks",
         }
         broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker), server)
-        server.add_generic_rpc_handlers((control_handler(broker),))
+        broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker), server)
         return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 
     return register

@@ -11,12 +11,14 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from sokutatsu.broker.broker import Broker
+from sokutatsu.broker.broker import Broker, PeerServes
 from sokutatsu.broker.catalog import TopicSpec
+from sokutatsu.broker.pair import receive_watermarks
+from sokutatsu.broker.settings import parse_peer
 from sokutatsu.broker.subscription_queue import SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.errors import InvalidArgument
-from sokutatsu.core.unserved import unimplemented_service
+from sokutatsu.core.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class DataPlane:
             raise InvalidArgument("the first frame of a Publish stream must be PublishOpen")
         publisher_id = first.open.publisher_id
         state = self.broker.publisher(publisher_id)
+        self.broker.resume_publisher(publisher_id, state, first.open.first_unacked_seq)
         self.broker.publisher_streams += 1
         # Frames are stored as they arrive (a reader task); acknowledgements follow in order,
         # each once what it covers is durable where it has to be, merged when several are ready.
@@ -126,7 +129,11 @@ class DataPlane:
         request = _frame(first, broker_pb2.SubscribeRequest)
         if request.WhichOneof("frame") != "open":
             raise InvalidArgument("the first frame of a Subscribe stream must be SubscribeOpen")
-        queue, generation = await self.broker.attach(request.open)
+        try:
+            queue, generation = await self.broker.attach(request.open)
+        except PeerServes as serves:
+            yield broker_pb2.SubscribeResponse(redirect=serves.redirect)
+            return
         failure: list[BaseException] = []
         reader = asyncio.create_task(self._read_credits(requests, queue, generation, failure), name="subscribe-credits")
         try:
@@ -142,6 +149,8 @@ class DataPlane:
                 if frame is None:
                     break
                 yield frame
+            if queue.redirect is not None:
+                yield broker_pb2.SubscribeResponse(redirect=queue.redirect)
         finally:
             # Detach first and without awaiting: a second cancellation of this handler must
             # not leave the queue attached to a stream that no longer exists.
@@ -265,21 +274,78 @@ def _topic_proto(spec: TopicSpec) -> broker_pb2.Topic:
     )
 
 
-PAIR_PENDING = "the broker pair and switchover arrive with issue #4"
-CONTROL = broker_pb2.DESCRIPTOR.services_by_name["BrokerControl"]
+class Control(broker_pb2_grpc.BrokerControlServicer):
+    """``BrokerControl``: roles, the four switchover steps, and the peer's watermark stream."""
 
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
 
-def control_handler(broker: Broker) -> grpc.GenericRpcHandler:
-    """``BrokerControl``: GetRole today; the pair's other steps answer UNIMPLEMENTED (issue #4)."""
-
-    async def get_role(request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]) -> Any:
+    def _role(self) -> broker_pb2.RoleInfo:
+        b = self.broker
         return broker_pb2.RoleInfo(
-            broker_id=broker.settings.instance, role=broker.role, epoch=broker.epoch, peer=broker.peer
+            broker_id=b.settings.instance, role=b.role, epoch=b.epoch, peer=b.peer, peer_up=b.peer_up
         )
 
-    served = {
-        "GetRole": grpc.unary_unary_rpc_method_handler(
-            get_role, broker_pb2.GetRoleRequest.FromString, broker_pb2.RoleInfo.SerializeToString
+    async def GetRole(
+        self, request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RoleInfo:
+        return self._role()
+
+    async def SetRole(
+        self, request: broker_pb2.SetRoleRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RoleInfo:
+        if request.peer:
+            parse_peer_or_invalid(request.peer)
+        self.broker.set_role(request.role, request.epoch, request.peer)
+        return self._role()
+
+    async def GetSwitchPosition(
+        self, request: broker_pb2.GetSwitchPositionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.GetSwitchPositionResponse:
+        queue = self.broker.switch_position(request.topic, request.subscriber_id)
+        return broker_pb2.GetSwitchPositionResponse(
+            position=broker_pb2.Position(last_seq=queue.acked),
+            delivered=broker_pb2.Position(last_seq=queue.delivered),
+            connected=queue.attached,
         )
-    }
-    return unimplemented_service(CONTROL, PAIR_PENDING, served)
+
+    async def AcceptSubscriber(
+        self, request: broker_pb2.AcceptSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.AcceptSubscriberResponse:
+        queue, dropped = await self.broker.accept(request.subscription, dict(request.position.last_seq))
+        return broker_pb2.AcceptSubscriberResponse(
+            depth=queue.depth, dropped=dropped, floor=broker_pb2.Position(last_seq=queue.floor)
+        )
+
+    async def RedirectSubscriber(
+        self, request: broker_pb2.RedirectSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RedirectSubscriberResponse:
+        if not request.target:
+            raise InvalidArgument("RedirectSubscriberRequest.target (host:port of the taking broker) is required")
+        parse_peer_or_invalid(request.target)
+        redirect = broker_pb2.Redirect(
+            target=request.target,
+            target_broker_id=request.target_broker_id,
+            reason=request.reason,
+            switchover_id=request.switchover_id,
+        )
+        connected = self.broker.redirect_subscriber(request.topic, request.subscriber_id, redirect)
+        return broker_pb2.RedirectSubscriberResponse(redirected=connected)
+
+    async def ReleaseSubscriber(
+        self, request: broker_pb2.ReleaseSubscriberRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ReleaseSubscriberResponse:
+        return broker_pb2.ReleaseSubscriberResponse(cleared=self.broker.release(request.topic, request.subscriber_id))
+
+    async def ReplicateWatermarks(
+        self, request_iterator: AsyncIterator[broker_pb2.DeliveredWatermarks], context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.ReplicateWatermarksResponse:
+        await receive_watermarks(self.broker, request_iterator)
+        return broker_pb2.ReplicateWatermarksResponse()
+
+
+def parse_peer_or_invalid(address: str) -> str:
+    try:
+        return parse_peer(address)
+    except SettingsError as exc:
+        raise InvalidArgument(f"{address!r}: {exc}") from None

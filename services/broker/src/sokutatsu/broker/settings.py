@@ -30,6 +30,26 @@ def parse_positive_count(raw: str) -> int:
     return value
 
 
+def parse_peer(raw: str) -> str:
+    """host:port of the peer broker, or empty for none."""
+    if not raw:
+        return ""
+    address = parse_address(raw)
+    if address.endswith(":0"):
+        raise SettingsError("the peer's port must be a real one, not 0")
+    return address
+
+
+def parse_timeout_millis(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError("expected milliseconds, e.g. 1000") from None
+    if not 10 <= value <= 60_000:
+        raise SettingsError("expected 10 to 60000 milliseconds")
+    return value
+
+
 def parse_millis(raw: str) -> float:
     try:
         value = float(raw)
@@ -98,4 +118,26 @@ class BrokerSettings(ServiceSettings):
     )
     auto_create_topics: bool = setting(
         "AUTO_CREATE_TOPICS", True, "Create a topic with default limits on first publish or subscription.", parse_bool
+    )
+    peer: str = setting(
+        "PEER",
+        "",
+        "host:port of the other broker of the pair (empty = none yet: a broker learns its peer from the "
+        "peer's first watermark frame, or from the monitor's SetRole). With a peer, a broker streams its "
+        "subscribers' acknowledgements to it and acknowledges publishes alone only while it is not heard from.",
+        parse_peer,
+    )
+    peer_timeout_ms: float = setting(
+        "PEER_TIMEOUT_MS",
+        1000.0,
+        "The peer counts as down when no watermark frame arrived for this long: publishes are then "
+        "acknowledged by this broker alone (single_copy), and subscribers of the peer are served here.",
+        parse_timeout_millis,
+    )
+    watermark_interval_ms: float = setting(
+        "WATERMARK_INTERVAL_MS",
+        5.0,
+        "How often acknowledged positions go to the peer when they changed (a frame at least every "
+        "100 ms in any case, so the peer knows this broker is up).",
+        parse_millis,
     )

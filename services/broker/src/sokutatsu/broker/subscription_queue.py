@@ -19,11 +19,18 @@ go to the spill buffer too, the disk thread appends them to the segment log
 order. Disk mode ends when the log and the buffer are empty. The queue's
 memory is then its in-flight window, one read batch and what arrives during
 one write.
+
+In a pair (see ``pair.py``) the queue has a state: ``SERVING`` (delivered from
+here), ``SHADOW`` (the peer delivers it; this copy holds what the subscriber has
+not acknowledged, trimmed by the peer's watermarks: :meth:`trim`), ``AWAY``
+(the peer, the standby, delivers it and this copy holds nothing; it is out of
+its topic's fan-out) or ``LEAVING`` (redirected, waiting for switchover step 4).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import time
@@ -34,8 +41,13 @@ from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_element
 from sokutatsu.broker.segment_log import SegmentLog, SegmentLogError
 from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.v1 import broker_pb2
 
 _PREV = struct.Struct("<Q")
+SERVING = broker_pb2.QUEUE_STATE_SERVING
+SHADOW = broker_pb2.QUEUE_STATE_SHADOW
+AWAY = broker_pb2.QUEUE_STATE_AWAY
+LEAVING = broker_pb2.QUEUE_STATE_LEAVING
 log = logging.getLogger(__name__)
 
 
@@ -77,8 +89,22 @@ class SubscriptionQueue:
         batch_messages: int,
         batch_bytes: int,
         linger_seconds: float,
+        state: broker_pb2.QueueState.ValueType = SERVING,
+        floor: dict[str, int] | None = None,
     ) -> None:
         self.spec = spec
+        self.state = state
+        # Per publisher: this copy holds every matching message after this number (it may lack
+        # earlier ones: it was created, or its broker joined, later). See AcceptSubscriber.
+        self.floor: dict[str, int] = dict(floor or {})
+        # Per publisher, the last number the subscriber acknowledged (or had when it connected).
+        self.acked: dict[str, int] = {}
+        # Set when `acked` moved since the last watermark frame was sent to the peer.
+        self.acked_dirty = False
+        # Counts empty_out() calls: a spill job that overlapped one drops what it wrote.
+        self._emptied = 0
+        # Where a redirected stream is sent (switchover step 3, or a peer that serves it).
+        self.redirect: broker_pb2.Redirect | None = None
         self.folder = folder
         self._disk = disk
         self._batch_messages = batch_messages
@@ -216,6 +242,7 @@ class SubscriptionQueue:
             batch = self.spill_buffer
             self.spill_buffer = []
             self.spilling = len(batch)
+            emptied = self._emptied
             try:
                 if self.log is None:
                     self.log = await self._disk.run_blocking(SegmentLog, self.folder)
@@ -242,6 +269,17 @@ class SubscriptionQueue:
                 if item.msg is not None:
                     item.msg.release()
                     item.msg = None
+            if emptied != self._emptied:
+                # The queue was emptied while this batch was written: the removal job queued
+                # behind this one deletes the folder; nothing of it is owed.
+                self.disk_bytes = 0
+                self.spilled_total += len(batch)
+                self._wake_spill_waiters()
+                stale, self.log = self.log, None
+                if stale is not None:
+                    with contextlib.suppress(SegmentLogError):
+                        await self._disk.run_blocking(stale.destroy)
+                return
             self.disk_count += len(batch)
             self.spilled_total += len(batch)
             self._wake_spill_waiters()
@@ -265,9 +303,11 @@ class SubscriptionQueue:
         self._detaching = False
         self.credits = credits
         self._skip = dict(position)
+        self.redirect = None
         for publisher, seq in position.items():
             if seq > self.delivered.get(publisher, 0):
                 self.delivered[publisher] = seq
+        self._raise_acked(position)
         self.ready.set()
         return self.generation
 
@@ -279,6 +319,13 @@ class SubscriptionQueue:
         self.credits = 0
         self._skip = {}
         self.idle.set()
+
+    def redirect_stream(self, redirect: broker_pb2.Redirect) -> None:
+        """End the attached stream with a Redirect frame (after what it was already sent)."""
+        self.redirect = redirect
+        if self.attached:
+            self._detaching = True
+            self.ready.set()
 
     def stop_stream(self, generation: int) -> None:
         """Make :meth:`next_batch` of stream ``generation`` return None (its client went away).
@@ -389,6 +436,8 @@ class SubscriptionQueue:
             finally:
                 self._reading = False
                 self.ready.set()
+                if self.state == SHADOW and not self.closed:
+                    self._trim_heads()
 
         self._disk.submit(read)
 
@@ -405,12 +454,44 @@ class SubscriptionQueue:
     # ---------------------------------------------------------------- acks --
     def ack(self, position: dict[str, int]) -> int:
         """Release the in-flight items the subscriber has processed; return how many."""
+        self._raise_acked(position)
         done: list[Item] = []
         in_flight = self.in_flight
         while in_flight and in_flight[0].seq <= position.get(in_flight[0].publisher_id, 0):
             done.append(in_flight.popleft())
         self._release(done)
         return len(done)
+
+    def _raise_acked(self, position: dict[str, int]) -> None:
+        acked = self.acked
+        for publisher, seq in position.items():
+            if seq > acked.get(publisher, 0):
+                acked[publisher] = seq
+                self.acked_dirty = True
+
+    # -------------------------------------------------------------- shadow --
+    def trim(self, position: dict[str, int]) -> int:
+        """Drop what the subscriber has acknowledged at the peer (a shadow copy); return how many.
+
+        Each source is trimmed from its oldest item and stops at the first one not covered
+        (several publishers interleave, so a covered item may wait behind another's for
+        the next watermark). Spilled items are read back by the disk thread to be trimmed.
+        """
+        self._raise_acked(position)
+        self.acked_dirty = False
+        return self._trim_heads()
+
+    def _trim_heads(self) -> int:
+        acked = self.acked
+        dropped: list[Item] = []
+        for source in (self.front, self.readback, self.memory):
+            while source and source[0].seq <= acked.get(source[0].publisher_id, 0):
+                dropped.append(source.popleft())
+        if dropped:
+            self._release(dropped)
+        if self.disk_count and not self.readback and not self.attached:
+            self._request_read(self._batch_messages)
+        return len(dropped)
 
     def _release(self, items: list[Item]) -> None:
         segments: dict[int, int] = {}
@@ -445,6 +526,23 @@ class SubscriptionQueue:
         self.in_flight.clear()
         self.memory.clear()
         self.spill_buffer = []
+        return dropped
+
+    def empty_out(self) -> int:
+        """Drop everything owed, on disk too, and keep the queue (switchover step 4); return how many."""
+        dropped = self.clear()
+        self._emptied += 1
+        self._wake_spill_waiters(everyone=True)
+        log_ = self.log
+        self.log = None
+        self.disk_count = 0
+        self.disk_bytes = 0
+        if log_ is not None:
+
+            async def remove() -> None:
+                await self._disk.run_blocking(log_.destroy)
+
+            self._disk.submit(remove)
         return dropped
 
     def discard(self) -> None:

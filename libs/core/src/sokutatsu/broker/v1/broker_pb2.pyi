@@ -1535,11 +1535,19 @@ class DeliveredWatermarks(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     SUBSCRIBERS_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
     it from the first frame and streams its own watermarks back.
     """
+    role: Global___BrokerRole.ValueType
+    """The sender's role and epoch: when both brokers are active (the standby
+    took over while the active was cut off), the one with the older epoch
+    (then the higher broker id) steps down to standby.
+    """
+    epoch: _builtins.int
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
     def __init__(
@@ -1548,10 +1556,12 @@ class DeliveredWatermarks(_message.Message):
         broker_id: _builtins.str = ...,
         subscribers: _abc.Iterable[Global___SubscriberWatermark] | None = ...,
         address: _builtins.str = ...,
+        role: Global___BrokerRole.ValueType = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "subscribers", b"subscribers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "role", b"role", "subscribers", b"subscribers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,100 @@
+"""The link between the two brokers of a pair.
+
+Each broker streams to its peer (``BrokerControl.ReplicateWatermarks``) what the
+subscribers it serves have acknowledged: every ``WATERMARK_INTERVAL_MS`` when
+something changed, and a frame at least every :data:`KEEPALIVE_SECONDS` in any
+case. The receiver trims its shadow copies with them, and the frames are also
+how each broker knows its peer is up: no frame for ``PEER_TIMEOUT_MS`` and the
+peer counts as down (publishes are acknowledged alone, with ``single_copy``;
+the peer's subscribers are served here when they come).
+
+At start, a broker with a peer asks the peer's role: when the peer is already
+active (it took over while this one was away), this one rejoins as standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from grpc import aio
+
+from sokutatsu.broker.broker import ACTIVE, STANDBY, Broker
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_SECONDS = 0.1
+RETRY_SECONDS = (0.05, 0.5)
+PROBE_TIMEOUT_SECONDS = 1.0
+
+
+async def join(broker: Broker) -> None:
+    """Before serving: rejoin as standby when the peer is already active."""
+    if not broker.peer:
+        return
+    try:
+        async with aio.insecure_channel(broker.peer) as channel:
+            info = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
+                broker_pb2.GetRoleRequest(), timeout=PROBE_TIMEOUT_SECONDS
+            )
+    except aio.AioRpcError as exc:
+        log.info("peer %s did not answer (%s); starting as %s", broker.peer, exc.code().name, broker.settings.role)
+        return
+    if info.role == ACTIVE:
+        if broker.role != STANDBY:
+            log.warning("peer %s (%s) is active; rejoining as standby", broker.peer, info.broker_id)
+        broker.role = STANDBY
+        broker.epoch = max(broker.epoch, info.epoch)
+
+
+async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> None:
+    """Run until cancelled: keep a watermark stream open to the peer, reconnecting as needed."""
+    interval = max(broker.settings.watermark_interval_ms / 1000, 0.001)
+    delay = RETRY_SECONDS[0]
+    while True:
+        peer = broker.peer
+        if not peer or not own_address():
+            await asyncio.sleep(KEEPALIVE_SECONDS)
+            continue
+        try:
+            async with aio.insecure_channel(peer) as channel:
+                stub = broker_pb2_grpc.BrokerControlStub(channel)
+                await stub.ReplicateWatermarks(_frames(broker, own_address(), interval, peer))
+        except aio.AioRpcError as exc:
+            log.debug("watermark stream to %s: %s", peer, exc.code().name)
+        except Exception:
+            log.exception("watermark stream to %s failed", peer)
+        if broker.peer != peer:
+            delay = RETRY_SECONDS[0]
+            continue
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RETRY_SECONDS[1])
+
+
+async def _frames(
+    broker: Broker, address: str, interval: float, peer: str
+) -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
+    loop = asyncio.get_running_loop()
+    # A new stream starts with every position: the peer may have missed earlier frames.
+    marks = broker.watermarks(everything=True)
+    last_sent = 0.0
+    while broker.peer == peer:
+        now = loop.time()
+        if marks or now - last_sent >= KEEPALIVE_SECONDS:
+            yield broker_pb2.DeliveredWatermarks(
+                broker_id=broker.settings.instance,
+                subscribers=marks,
+                address=address,
+                role=broker.role,
+                epoch=broker.epoch,
+            )
+            last_sent = now
+        await asyncio.sleep(interval)
+        marks = broker.watermarks()
+
+
+async def receive_watermarks(broker: Broker, frames: AsyncIterator[broker_pb2.DeliveredWatermarks]) -> None:
+    async for frame in frames:
+        broker.apply_watermarks(frame)

@@ -1,0 +1,223 @@
+"""The broker pair against real processes: shadows, the four switchover steps, failover, rejoin.
+
+The monitor decides when to switch; these tests drive the brokers' control RPCs
+themselves (the same four steps) to check what each broker promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import BufferFull, Publisher, Subscriber
+from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
+
+pytestmark = pytest.mark.timeout(180)
+TOPIC = "prices"
+
+
+def _covers(position: dict[str, int], floor: dict[str, int]) -> bool:
+    return all(position.get(p, 0) >= seq for p, seq in floor.items())
+
+
+async def switch(source: BrokerProcess, target: BrokerProcess, target_id: str, subscriber_id: str) -> int:
+    """The four steps, as the monitor runs them; returns how many times step 1 was asked."""
+    async with aio.insecure_channel(source.address) as s_ch, aio.insecure_channel(target.address) as t_ch:
+        src, dst = broker_pb2_grpc.BrokerControlStub(s_ch), broker_pb2_grpc.BrokerControlStub(t_ch)
+        subs = await broker_pb2_grpc.BrokerAdminStub(s_ch).ListSubscriptions(
+            broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
+        )
+        spec = next(s for s in subs.subscriptions if s.subscriber_id == subscriber_id)
+        asks = 0
+        while True:
+            asks += 1
+            position = await src.GetSwitchPosition(
+                broker_pb2.GetSwitchPositionRequest(subscriber_id=subscriber_id, topic=TOPIC), timeout=10
+            )
+            accepted = await dst.AcceptSubscriber(
+                broker_pb2.AcceptSubscriberRequest(subscription=spec, position=position.position), timeout=10
+            )
+            if _covers(dict(position.position.last_seq), dict(accepted.floor.last_seq)):
+                break
+            assert asks < 2000, "the switch position never covered the taking broker's floor"
+            await asyncio.sleep(0.005)
+        await src.RedirectSubscriber(
+            broker_pb2.RedirectSubscriberRequest(
+                subscriber_id=subscriber_id, topic=TOPIC, target=target.address, target_broker_id=target_id
+            ),
+            timeout=10,
+        )
+        await src.ReleaseSubscriber(
+            broker_pb2.ReleaseSubscriberRequest(subscriber_id=subscriber_id, topic=TOPIC), timeout=10
+        )
+        return asks
+
+
+async def _publish(pair: Pair, publisher_id: str, count: int, pace: float = 0.0) -> Publisher:
+    async with Publisher(pair.addresses, publisher_id, ack_timeout=60) as pub:
+        for i in range(count):
+            while True:
+                try:
+                    pub.publish_nowait(TOPIC, f"K{i % 20:02d}", f"{publisher_id}:{i + 1}".encode())
+                    break
+                except BufferFull:
+                    await pub.flush()
+            if pace and i % 50 == 49:
+                await asyncio.sleep(pace)
+        await pub.flush()
+        return pub
+
+
+class Consumer:
+    """Reads a subscription into a list, optionally slowly, until it has ``count`` messages."""
+
+    def __init__(self, pair: Pair, subscriber_id: str, count: int, *, mode: str = "migrate") -> None:
+        self.sub = Subscriber(pair.addresses, subscriber_id, TOPIC, durable=True, mode=mode)  # type: ignore[arg-type]
+        self.count = count
+        self.got: list[broker_pb2.Message] = []
+        self.brokers: list[str] = []
+        self.delay = 0.0
+
+    async def run(self) -> None:
+        async for message in self.sub:
+            self.got.append(message)
+            if not self.brokers or self.brokers[-1] != self.sub.broker_id:
+                self.brokers.append(self.sub.broker_id)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if len(self.got) == self.count:
+                break
+
+    def check(self, expected: dict[str, int]) -> None:
+        per: dict[str, list[int]] = defaultdict(list)
+        for m in self.got:
+            per[m.publisher_id].append(m.publisher_seq)
+            assert m.body == f"{m.publisher_id}:{m.publisher_seq}".encode()
+        for publisher, n in expected.items():
+            assert per[publisher] == list(range(1, n + 1)), f"{publisher}: not exactly once in order"
+        assert not self.sub.gaps
+
+
+@contextlib.asynccontextmanager
+async def consuming(*consumers: Consumer) -> AsyncIterator[list[asyncio.Task[None]]]:
+    for c in consumers:
+        await c.sub.start()
+    tasks = [asyncio.create_task(c.run()) for c in consumers]
+    try:
+        yield tasks
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for c in consumers:
+            await c.sub.close()
+
+
+async def test_the_standby_holds_each_message_until_the_active_subscriber_acknowledges_it(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory()
+    desk = Consumer(pair, "desk", 3000)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        await _publish(pair, "feed", 3000)
+    desk.check({"feed": 3000})
+    assert desk.brokers == ["broker-a"]
+    shadow = await subscriber_stats(pair.standby.address, "desk")
+    assert shadow.state == broker_pb2.QUEUE_STATE_SHADOW
+    assert (await subscriber_stats(pair.active.address, "desk")).state == broker_pb2.QUEUE_STATE_SERVING
+
+    async def trimmed() -> bool:
+        s = await subscriber_stats(pair.standby.address, "desk")
+        return s.depth == 0 and s.acked.last_seq.get("feed") == 3000
+
+    try:
+        await until(trimmed, "the standby to drop what the subscriber acknowledged at the active")
+    except AssertionError as exc:
+        standby = await subscriber_stats(pair.standby.address, "desk")
+        active = await subscriber_stats(pair.active.address, "desk")
+        raise AssertionError(f"{exc}\nstandby: {standby}\nactive: {active}") from None
+    held = await stats(pair.standby.address)
+    assert held.held_count == 0
+
+
+async def test_switchover_and_back_mid_stream_lose_and_double_nothing(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory()
+    total = 12_000
+    slow = Consumer(pair, "slow", total)
+    normal = Consumer(pair, "normal", total)
+    async with consuming(slow, normal):
+        await asyncio.wait_for(asyncio.gather(slow.sub.connected.wait(), normal.sub.connected.wait()), 10)
+        slow.delay = 0.0005
+        publishing = asyncio.create_task(_publish(pair, "feed", total, pace=0.01))
+        await until(lambda: _async(len(slow.got) > 1500), "the slow subscriber to get going")
+        await switch(pair.active, pair.standby, "broker-b", "slow")
+        assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_AWAY
+        await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the slow subscriber to reach the standby")
+        normal_on_a = len(normal.got)
+        slow.delay = 0.0
+        moved_at = len(slow.got)
+        await until(lambda: _async(len(slow.got) > moved_at + 2000), "more for the slow subscriber on the standby")
+        asks = await switch(pair.standby, pair.active, "broker-a", "slow")
+        assert asks >= 1
+        await publishing
+    slow.check({"feed": total})
+    normal.check({"feed": total})
+    assert slow.brokers == ["broker-a", "broker-b", "broker-a"]
+    assert normal.brokers == ["broker-a"]
+    assert len(normal.got) > normal_on_a
+    assert (await subscriber_stats(pair.standby.address, "slow")).state == broker_pb2.QUEUE_STATE_SHADOW
+
+
+async def test_kill9_of_the_active_mid_stream_fails_over_with_nothing_lost(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory()
+    total = 10_000
+    a, b = Consumer(pair, "desk-1", total), Consumer(pair, "desk-2", total)
+    async with consuming(a, b):
+        await asyncio.wait_for(asyncio.gather(a.sub.connected.wait(), b.sub.connected.wait()), 10)
+        publishing = asyncio.create_task(_publish(pair, "feed", total, pace=0.005))
+        await until(lambda: _async(len(a.got) > 3000), "delivery to get going")
+        pair.active.kill9()
+        await publishing
+    for c in (a, b):
+        c.check({"feed": total})
+        assert c.brokers == ["broker-a", "broker-b"]
+    role = await _role(pair.standby.address)
+    assert role.role == broker_pb2.BROKER_ROLE_ACTIVE
+    # The old active comes back on its address and rejoins as standby.
+    pair.active.env["SOKUTATSU_BROKER_LISTEN"] = pair.active.address
+    pair.active.env["SOKUTATSU_BROKER_PEER"] = pair.standby.address
+    pair.active.start()
+    assert (await _role(pair.active.address)).role == broker_pb2.BROKER_ROLE_STANDBY
+
+    async def heard() -> bool:
+        return (await _role(pair.standby.address)).peer_up
+
+    await until(heard, "the new active to hear the rejoined broker")
+    more = Consumer(pair, "desk-3", 500)
+    async with consuming(more):
+        await _publish(pair, "feed-2", 500)
+    more.check({"feed-2": 500})
+    assert more.brokers == ["broker-b"]
+
+
+async def _role(address: str) -> broker_pb2.RoleInfo:
+    async with aio.insecure_channel(address) as channel:
+        info: broker_pb2.RoleInfo = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
+            broker_pb2.GetRoleRequest(), timeout=10
+        )
+        return info
+
+
+async def _async(value: bool) -> bool:
+    return value
