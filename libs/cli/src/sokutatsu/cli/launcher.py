@@ -194,6 +194,7 @@ class Suite:
             env[spec.prefix + "STATE_DIR"] = str(self.state_dir / spec.name)
         if spec.database:
             env[spec.prefix + "DSN"] = database_dsn(self.pg_dsn, spec.database)
+        env.update(spec.linked_env({r.spec.name: r.address for r in self.running if r.address}))
         return env
 
     def spawn(self, spec: ServiceProcess) -> Running:

@@ -28,6 +28,20 @@ class ServiceProcess:
     database: str | None = None
     # Whether it keeps files: it gets <prefix>STATE_DIR=<state dir>/<name>, a folder of its own.
     keeps_state: bool = False
+    # Variables naming other processes' addresses: "{broker-a}" becomes broker-a's host:port
+    # (those processes start earlier), so the suite also runs on ports chosen at start.
+    links: dict[str, str] = field(default_factory=dict)
+
+    def linked_env(self, addresses: dict[str, str]) -> dict[str, str]:
+        env = {}
+        for name, template in self.links.items():
+            value = template
+            for other, address in addresses.items():
+                value = value.replace("{" + other + "}", address)
+            if "{" in value:
+                raise ValueError(f"{self.name}: {name}={template} names a process that is not running")
+            env[name] = value
+        return env
 
 
 def _served(proto_module: Any) -> tuple[str, ...]:
@@ -62,8 +76,18 @@ def suite() -> list[ServiceProcess]:
             broker,
             env={"SOKUTATSU_BROKER_ROLE": "standby"},
             keeps_state=True,
+            # broker-a learns broker-b's address from broker-b's first watermark frame.
+            links={"SOKUTATSU_BROKER_PEER": "{broker-a}"},
         ),
-        ServiceProcess("monitor", "sokutatsu.monitor", "SOKUTATSU_MONITOR_", 7301, "monitor", _served(monitor_pb2)),
+        ServiceProcess(
+            "monitor",
+            "sokutatsu.monitor",
+            "SOKUTATSU_MONITOR_",
+            7301,
+            "monitor",
+            _served(monitor_pb2),
+            links={"SOKUTATSU_MONITOR_BROKERS": "broker-a={broker-a},broker-b={broker-b}"},
+        ),
         ServiceProcess(
             "queuedb-1",
             "sokutatsu.queuedb",
