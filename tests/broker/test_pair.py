@@ -201,9 +201,9 @@ async def test_kill9_of_the_active_mid_stream_fails_over_with_nothing_lost(
     assert (await _role(pair.active.address)).role == broker_pb2.BROKER_ROLE_STANDBY
 
     async def heard() -> bool:
-        return (await _role(pair.standby.address)).peer_up
+        return (await _role(pair.standby.address)).peer_up and (await _role(pair.active.address)).peer_up
 
-    await until(heard, "the new active to hear the rejoined broker")
+    await until(heard, "the two brokers to hear each other again")
     more = Consumer(pair, "desk-3", 500)
     async with consuming(more):
         await _publish(pair, "feed-2", 500)
@@ -221,3 +221,20 @@ async def _role(address: str) -> broker_pb2.RoleInfo:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_publish_made_just_after_the_active_died_is_acknowledged_by_the_survivor(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The survivor first acknowledges as one of two (its peer's silence is still short); once
+    the peer counts as down it restates the ack as single-copy, and the publisher goes on."""
+    pair = await pair_factory()
+    async with Publisher(pair.addresses, "feed", ack_timeout=30) as pub:
+        await pub.publish(TOPIC, "K", b"feed:1")
+        pair.active.kill9()
+        seqs = [pub.publish_nowait(TOPIC, "K", f"feed:{i}".encode()) for i in range(2, 202)]
+        await pub.flush()
+        assert pub.acked_seq == seqs[-1] == 201
+    survivor = await stats(pair.standby.address)
+    assert not survivor.peer_up
+    assert survivor.published_total == 201

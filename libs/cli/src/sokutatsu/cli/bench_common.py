@@ -28,38 +28,48 @@ class BrokerRun:
 
 
 @contextmanager
+def service_process(module: str, prefix: str, folder: Path, name: str, **settings: str) -> Iterator[BrokerRun]:
+    """``python -m <module>`` on a free loopback port, state under ``folder``; stopped (SIGTERM) on exit."""
+    announce = folder / f"{name}.json"
+    announce.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        f"{prefix}LISTEN": "127.0.0.1:0",
+        f"{prefix}INSTANCE": name,
+        "SOKUTATSU_ANNOUNCE_FILE": str(announce),
+        "SOKUTATSU_LOG_LEVEL": "WARNING",
+        **{f"{prefix}{k.upper()}": v for k, v in settings.items()},
+    }
+    log_path = folder / f"{name}.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + START_LIMIT_SECONDS
+        while not announce.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {log_path.read_text()}")
+            time.sleep(0.02)
+        yield BrokerRun(json.loads(announce.read_text())["address"], process, folder)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
 def broker_process(**settings: str) -> Iterator[BrokerRun]:
     """A broker on a free loopback port with a throw-away state folder; stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-") as tmp:
         folder = Path(tmp)
-        announce = folder / "announce.json"
-        env = {
-            **os.environ,
-            "SOKUTATSU_BROKER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_BROKER_STATE_DIR": str(folder / "state"),
-            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
-            "SOKUTATSU_LOG_LEVEL": "WARNING",
-            **{f"SOKUTATSU_BROKER_{k.upper()}": v for k, v in settings.items()},
-        }
-        with (folder / "broker.log").open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "sokutatsu.broker"], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        try:
-            deadline = time.monotonic() + START_LIMIT_SECONDS
-            while not announce.exists():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"broker did not start: {(folder / 'broker.log').read_text()}")
-                time.sleep(0.02)
-            yield BrokerRun(json.loads(announce.read_text())["address"], process, folder)
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        settings.setdefault("state_dir", str(folder / "state"))
+        with service_process("sokutatsu.broker", "SOKUTATSU_BROKER_", folder, "broker-a", **settings) as run:
+            yield run
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:

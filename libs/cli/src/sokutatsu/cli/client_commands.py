@@ -181,3 +181,36 @@ def bench_throughput(
     if json_path:
         console.print(f"wrote {json_path}")
     print(json.dumps({k: result[k] for k in ("msgs_per_s", "p50_ms", "p99_ms", "rate", "size")}))  # noqa: T201
+
+
+def bench_switchover(
+    quick: Annotated[bool, typer.Option("--quick", help="10 switches instead of 60.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+) -> None:
+    """Broker pair + monitor: switch a subscriber back and forth while messages flow; step timings."""
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_switchover import FULL, QUICK, measure  # noqa: PLC0415
+
+    cfg = QUICK if quick else FULL
+    console.print(
+        f"bench switchover ({'quick' if quick else 'full'}): {cfg.switches} switches, one every {cfg.pause:g}s, "
+        f"while {cfg.rate:,} msgs/s of {cfg.size} bytes flow to the pair"
+    )
+    result = asyncio.run(measure(cfg))
+    result["mode"] = "quick" if quick else "full"
+    steps = "  ".join(f"{k} {v} ms" for k, v in result["step_ms_p50"].items())
+    console.print(
+        f"{result['switches']} switches ({result['failed']} failed): p50 {result['switch_ms_p50']} ms  "
+        f"p90 {result['switch_ms_p90']} ms  max {result['switch_ms_max']} ms   step medians: {steps}"
+    )
+    console.print(
+        f"sent {result['sent']:,}  received {result['received']:,}  lost {result['lost']}  "
+        f"duplicates {result['duplicates']}  in order {result['in_order']}  CPU steal {result['cpu_steal_percent']}%"
+    )
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    keys = ("switch_ms_p50", "switch_ms_max", "step_ms_p50", "lost", "duplicates")
+    print(json.dumps({k: result[k] for k in keys}))  # noqa: T201
+    if result["lost"] or result["duplicates"] or not result["in_order"] or result["failed"]:
+        raise typer.Exit(1)

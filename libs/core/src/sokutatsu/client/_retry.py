@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from grpc import aio
 from tenacity import RetryCallState
 from tenacity.wait import wait_exponential_jitter
 
@@ -10,6 +11,15 @@ from sokutatsu.core.errors import RETRYABLE
 
 # Codes after which a stream is opened again; anything else is final.
 RECONNECT_CODES = RETRYABLE | {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+# What grpc.aio reports for a write on a stream whose connection just died (the real status,
+# UNAVAILABLE, is overwritten: grpc/grpc#36066). A broker's own INTERNAL errors stay final.
+_BROKEN_WRITE = "Internal error from Core"
+
+
+def reconnectable(error: aio.AioRpcError) -> bool:
+    """Whether a stream that failed with ``error`` should be opened again."""
+    code = error.code()
+    return code in RECONNECT_CODES or (code == grpc.StatusCode.INTERNAL and error.details() == _BROKEN_WRITE)
 
 
 class Backoff:

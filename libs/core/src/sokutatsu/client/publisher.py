@@ -34,7 +34,7 @@ import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.client._retry import RECONNECT_CODES, Backoff
+from sokutatsu.client._retry import Backoff, reconnectable
 from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
 from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
 
@@ -291,7 +291,7 @@ class Publisher:
                 error = group.exceptions[0]
                 if not isinstance(error, aio.AioRpcError):  # pragma: no cover - the group holds only these
                     raise
-                if error.code() in RECONNECT_CODES:
+                if reconnectable(error):
                     log.info("publish stream to %s broke (%s); reconnecting", link.address, error.code().name)
                 else:
                     self._fail(BrokerError(error.code(), error.details() or ""))

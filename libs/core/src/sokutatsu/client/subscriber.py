@@ -32,7 +32,7 @@ import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client._retry import RECONNECT_CODES, Backoff
+from sokutatsu.client._retry import RECONNECT_CODES, Backoff, reconnectable
 from sokutatsu.client.errors import BrokerError, GapError
 from sokutatsu.client.publisher import CHANNEL_OPTIONS
 
@@ -159,23 +159,39 @@ class Subscriber:
 
     async def close(self) -> None:
         """Stop receiving. The last message handed out counts as processed and is acknowledged."""
+        # The timer stops first: a credit write it started now would be cancelled below,
+        # taking the final acknowledgement with it.
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
         self._mark_processed()
         call = self._call
-        if self._writer is not None and not self._writer.done():
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._writer), FINAL_ACK_SECONDS)
-        if call is not None and self._unacked:
-            frame = broker_pb2.SubscribeRequest(
-                credit=broker_pb2.SubscriberCredit(acked=broker_pb2.Position(last_seq=self._processed))
-            )
+        self._closed = True  # no reconnecting from here on
+        if call is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_write_quietly(call, frame), FINAL_ACK_SECONDS)
-        self._closed = True
+                await asyncio.wait_for(self._final_ack(call), FINAL_ACK_SECONDS)
         tasks = [t for t in (self._task, self._flusher, self._writer) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._arrived.set()
+
+    async def _final_ack(self, call: _SubscribeCall) -> None:
+        """Let a running credit write finish, then acknowledge what is left."""
+        writer = self._writer
+        if writer is not None and not writer.done():
+            await asyncio.gather(asyncio.shield(writer), return_exceptions=True)
+        if self._unacked:
+            self._unacked = 0
+            frame = broker_pb2.SubscribeRequest(
+                credit=broker_pb2.SubscriberCredit(acked=broker_pb2.Position(last_seq=self._processed))
+            )
+            await _write_quietly(call, frame)
+        # Half-close and let the broker end the stream: it reads every frame before that, so
+        # the acknowledgement is not lost with a connection torn down under it.
+        with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+            await call.done_writing()
+            await call.code()
 
     @property
     def position(self) -> dict[str, int]:
@@ -245,7 +261,7 @@ class Subscriber:
                 self._address_index = self.addresses.index(redirect.target)
                 continue
             except aio.AioRpcError as exc:
-                if exc.code() not in RECONNECT_CODES:
+                if not reconnectable(exc):
                     self._failure = BrokerError(exc.code(), exc.details() or "")
                     self._arrived.set()
                     return

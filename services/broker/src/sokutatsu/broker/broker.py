@@ -11,6 +11,7 @@ import logging
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,16 +49,13 @@ class Topic:
     spec: TopicSpec
     usage: Usage
     queues: dict[str, SubscriptionQueue] = field(default_factory=dict)
-    # The queues as a list; those that take messages (all but AWAY ones), for the publish
-    # loop, and whether none of those filters keys.
+    # The queues as a list, for the publish loop, and whether none of them filters keys.
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
-    fanout: list[SubscriptionQueue] = field(default_factory=list)
     unfiltered: bool = True
 
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
-        self.fanout = [q for q in self.queue_list if q.state != AWAY]
-        self.unfiltered = all(not q.spec.filtered for q in self.fanout)
+        self.unfiltered = all(not q.spec.filtered for q in self.queue_list)
 
 
 @dataclass
@@ -90,10 +88,14 @@ class Broker:
         self.epoch = 0
         # The other broker of the pair (host:port; empty = none known) and when it was last heard.
         self.peer = settings.peer
-        self.peer_heard_at = -1e18
+        # A configured peer counts as up for one timeout after start: a broker that just came
+        # back must not take subscribers (and the active role) before the peer had a chance
+        # to reach it.
+        self.peer_heard_at = time.monotonic() if self.peer else -1e18
         self.peer_timeout = settings.peer_timeout_ms / 1000
-        # This broker's own host:port once it serves (sent to the peer in watermark frames).
-        self.address = ""
+        # Called when the peer comes or goes (open publish streams send a fresh ack, so a
+        # publisher waiting for the other broker learns it may count this one alone).
+        self.peer_listeners: set[Callable[[], None]] = set()
         self.publisher_streams = 0
         self.subscriber_streams = 0
         self.published_total = 0
@@ -201,6 +203,7 @@ class Broker:
         queue = SubscriptionQueue(
             state=state,
             floor={publisher: p.last_seq for publisher, p in self.publishers.items()},
+            away_tail=self.settings.away_tail,
             spec=spec,
             folder=self._queue_folder(spec),
             disk=self.disk,
@@ -378,7 +381,7 @@ class Broker:
         self._validate(publisher_id, topic, batch)
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
-        queues = topic.fanout
+        queues = topic.queue_list
         unfiltered = topic.unfiltered
         usages = (topic.usage, self.usage)
         messages = batch.messages
@@ -481,11 +484,6 @@ class Broker:
 
     def take_over(self, queue: SubscriptionQueue, why: str) -> None:
         """Serve a queue the peer served (the peer is down, or this broker was promoted)."""
-        if queue.state == AWAY:
-            # It holds nothing since it left: the first message of each publisher names the
-            # last number this broker saw as its predecessor, so the SDK reports the hole.
-            queue.last_enqueued = self._last_seqs()
-            queue.floor = self._last_seqs()
         log.warning(
             "now serving %s on %s (%s): %s", queue.spec.subscriber_id, queue.spec.topic, _STATE_NAMES[queue.state], why
         )
@@ -521,11 +519,6 @@ class Broker:
                 f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings here; "
                 "delete and recreate it on both brokers"
             )
-        elif queue.state == AWAY:
-            # Back from the standby: hold from now on; the caller waits until the switch
-            # position covers this floor before redirecting.
-            queue.last_enqueued = self._last_seqs()
-            queue.floor = self._last_seqs()
         queue.state = SERVING
         queue.redirect = None
         topic.reindex()
@@ -543,10 +536,18 @@ class Broker:
         queue.redirect_stream(redirect)
         return connected
 
-    def release(self, topic: str, subscriber_id: str) -> int:
+    async def release(self, topic: str, subscriber_id: str) -> int:
         """Switchover step 4 (or undoing step 2): stop serving; the active clears its copy,
-        the standby keeps it as a shadow. Returns how many messages were cleared."""
+        the standby keeps it as a shadow. Returns how many messages were cleared.
+
+        After a redirect, the subscriber's stream may still be ending (the redirect frame
+        goes after what was already queued on it): this waits for it."""
         queue = self.queue(topic, subscriber_id)
+        if queue.state == LEAVING and queue.attached:
+            try:
+                await asyncio.wait_for(queue.idle.wait(), TAKEOVER_SECONDS)
+            except TimeoutError:
+                raise Unavailable(f"the redirected stream of {subscriber_id!r} did not end; retry") from None
         if queue.state in (AWAY, SHADOW):
             return 0
         if queue.attached:
@@ -558,6 +559,9 @@ class Broker:
         cleared = 0
         if self.role == ACTIVE:
             cleared = queue.empty_out()
+            for publisher, seq in queue.last_enqueued.items():
+                if seq > queue.floor.get(publisher, 0):
+                    queue.floor[publisher] = seq
             queue.state = AWAY
         else:
             queue.state = SHADOW
@@ -603,8 +607,6 @@ class Broker:
                         queue.redirect_stream(broker_pb2.Redirect(target=self.peer, reason="broker demoted"))
                 elif role == STANDBY and queue.state == AWAY:
                     queue.state = SHADOW
-                    queue.last_enqueued = self._last_seqs()
-                    queue.floor = self._last_seqs()
             topic.reindex()
 
     def watermarks(self, everything: bool = False) -> list[broker_pb2.SubscriberWatermark]:
@@ -640,7 +642,7 @@ class Broker:
         for mark in frame.subscribers:
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
-            if queue is not None and queue.state == SHADOW:
+            if queue is not None and queue.state in (SHADOW, AWAY):
                 queue.trim(dict(mark.acked.last_seq))
 
     # ---------------------------------------------------------------- stats --

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from grpc import aio
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 0.1
 RETRY_SECONDS = (0.05, 0.5)
 PROBE_TIMEOUT_SECONDS = 1.0
+PEER_CHECK_SECONDS = 0.05
 
 
 async def join(broker: Broker) -> None:
@@ -42,11 +44,25 @@ async def join(broker: Broker) -> None:
     except aio.AioRpcError as exc:
         log.info("peer %s did not answer (%s); starting as %s", broker.peer, exc.code().name, broker.settings.role)
         return
+    broker.peer_heard_at = time.monotonic()
     if info.role == ACTIVE:
         if broker.role != STANDBY:
             log.warning("peer %s (%s) is active; rejoining as standby", broker.peer, info.broker_id)
         broker.role = STANDBY
         broker.epoch = max(broker.epoch, info.epoch)
+
+
+async def watch_peer(broker: Broker) -> None:
+    """Run until cancelled: tell the listeners when the peer comes or goes."""
+    was_up = broker.peer_up
+    while True:
+        await asyncio.sleep(PEER_CHECK_SECONDS)
+        up = broker.peer_up
+        if up != was_up:
+            log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
+            was_up = up
+            for listener in list(broker.peer_listeners):
+                listener()
 
 
 async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> None:

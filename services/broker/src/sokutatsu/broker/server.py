@@ -10,7 +10,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
-from sokutatsu.broker.pair import join, stream_watermarks
+from sokutatsu.broker.pair import join, stream_watermarks, watch_peer
 from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2_grpc
@@ -36,6 +36,7 @@ def build(settings: BrokerSettings) -> Register:
 
         context.start_background(rates(), "broker-rates")
         context.start_background(stream_watermarks(broker, lambda: context.address), "broker-watermarks")
+        context.start_background(watch_peer(broker), "broker-peer-watch")
         server.add_generic_rpc_handlers((DataPlane(broker).handler(),))
         context.untraced |= {
             f"/{SERVICE}/Publish",

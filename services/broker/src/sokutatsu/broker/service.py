@@ -92,6 +92,14 @@ class DataPlane:
                 acks.put_nowait(None)
 
         reader = asyncio.create_task(read(), name=f"publish-{publisher_id}")
+
+        def peer_changed() -> None:
+            # Everything stored so far is already in this queue's earlier items; this ack
+            # restates it with the new single_copy.
+            ack = broker_pb2.PublishAck(acked_through_seq=state.last_seq, single_copy=not self.broker.peer_up)
+            acks.put_nowait((ack, []))
+
+        self.broker.peer_listeners.add(peer_changed)
         try:
             yield broker_pb2.PublishResponse(
                 opened=broker_pb2.PublishOpened(last_seq=state.last_seq, broker_id=self.broker.settings.instance)
@@ -116,6 +124,7 @@ class DataPlane:
         finally:
             # Count first: awaiting below may be cut short by a second cancellation.
             self.broker.publisher_streams -= 1
+            self.broker.peer_listeners.discard(peer_changed)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
@@ -261,6 +270,7 @@ def _merge(into: broker_pb2.PublishAck, later: broker_pb2.PublishAck) -> None:
     messages) is dropped: it would send the publisher back below what is acknowledged.
     """
     into.acked_through_seq = later.acked_through_seq
+    into.single_copy = later.single_copy
     into.duplicates += later.duplicates
     into.dropped += later.dropped
     still = [r for r in [*into.rejected, *later.rejected] if r.first_seq > later.acked_through_seq]
@@ -335,7 +345,9 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     async def ReleaseSubscriber(
         self, request: broker_pb2.ReleaseSubscriberRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.ReleaseSubscriberResponse:
-        return broker_pb2.ReleaseSubscriberResponse(cleared=self.broker.release(request.topic, request.subscriber_id))
+        return broker_pb2.ReleaseSubscriberResponse(
+            cleared=await self.broker.release(request.topic, request.subscriber_id)
+        )
 
     async def ReplicateWatermarks(
         self, request_iterator: AsyncIterator[broker_pb2.DeliveredWatermarks], context: aio.ServicerContext[Any, Any]

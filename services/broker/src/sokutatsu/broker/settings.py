@@ -141,3 +141,11 @@ class BrokerSettings(ServiceSettings):
         "100 ms in any case, so the peer knows this broker is up).",
         parse_millis,
     )
+    away_tail: int = setting(
+        "AWAY_TAIL",
+        4 * 2**20,
+        "While the standby serves a subscriber, the active keeps only its newest messages, up to this many "
+        "bytes (trimmed by what the subscriber acknowledges there): enough for a subscriber that caught up to "
+        "move back at once, and to lose nothing if the standby dies while it is within the tail.",
+        parse_size,
+    )

@@ -23,8 +23,11 @@ one write.
 In a pair (see ``pair.py``) the queue has a state: ``SERVING`` (delivered from
 here), ``SHADOW`` (the peer delivers it; this copy holds what the subscriber has
 not acknowledged, trimmed by the peer's watermarks: :meth:`trim`), ``AWAY``
-(the peer, the standby, delivers it and this copy holds nothing; it is out of
-its topic's fan-out) or ``LEAVING`` (redirected, waiting for switchover step 4).
+(the peer, the standby, delivers it; this copy keeps only the newest
+``away_tail`` bytes, also trimmed by the peer's watermarks, dropping the oldest
+and raising its floor, so a subscriber that caught up can come back at once, and
+one whose standby dies loses nothing if it was within the tail) or ``LEAVING``
+(redirected, waiting for switchover step 4).
 """
 
 from __future__ import annotations
@@ -91,9 +94,11 @@ class SubscriptionQueue:
         linger_seconds: float,
         state: broker_pb2.QueueState.ValueType = SERVING,
         floor: dict[str, int] | None = None,
+        away_tail: int = 0,
     ) -> None:
         self.spec = spec
         self.state = state
+        self.away_tail = away_tail
         # Per publisher: this copy holds every matching message after this number (it may lack
         # earlier ones: it was created, or its broker joined, later). See AcceptSubscriber.
         self.floor: dict[str, int] = dict(floor or {})
@@ -189,7 +194,15 @@ class SubscriptionQueue:
         self.last_enqueued[publisher] = msg.seq
         self.memory_bytes += item.size
         to_disk = True
-        if self.disk_mode:
+        if self.state == AWAY:
+            self.memory.append(item)
+            to_disk = False
+            while self.memory_bytes > self.away_tail and self.memory:
+                oldest = self.memory.popleft()
+                if oldest.seq > self.floor.get(oldest.publisher_id, 0):
+                    self.floor[oldest.publisher_id] = oldest.seq
+                self._release([oldest])
+        elif self.disk_mode:
             self.spill_buffer.append(item)
             self.spill_appended += 1
         elif self.memory_bytes > self.spec.budget:
