@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli import client_commands
+from sokutatsu.cli import client_commands, status_command
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
@@ -214,11 +214,13 @@ def config(
 
 app.command()(client_commands.publish)
 app.command()(client_commands.subscribe)
+app.command()(status_command.status)
 metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_args_is_help=True)
 metrics_app.command("broker")(client_commands.metrics_broker)
 app.add_typer(metrics_app, name="metrics")
 bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
 bench_app.command("throughput")(client_commands.bench_throughput)
+bench_app.command("switchover")(client_commands.bench_switchover)
 app.add_typer(bench_app, name="bench")
 
 

@@ -8,16 +8,21 @@ from typing import NoReturn
 from grpc import aio
 
 from sokutatsu.core.server import Register, ServiceContext, run_service
-from sokutatsu.core.unserved import add_unimplemented
+from sokutatsu.monitor.monitor import Monitor
+from sokutatsu.monitor.service import SERVICE, MonitorService
 from sokutatsu.monitor.settings import MonitorSettings
-from sokutatsu.monitor.v1 import monitor_pb2
-
-SERVICES = [monitor_pb2.DESCRIPTOR.services_by_name["Monitor"]]
+from sokutatsu.monitor.v1 import monitor_pb2_grpc
 
 
 def build(settings: MonitorSettings) -> Register:
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
-        return add_unimplemented(server, SERVICES, "the monitor arrives with issue #4")
+        monitor = Monitor(settings)
+        context.stack.push_async_callback(monitor.close)
+        context.start_background(monitor.run(), "monitor")
+        monitor_pb2_grpc.add_MonitorServicer_to_server(MonitorService(monitor), server)
+        # A long-lived stream: no span of its own.
+        context.untraced.add(f"/{SERVICE}/WatchAssignments")
+        return [SERVICE]
 
     return register
 

@@ -25,35 +25,35 @@ _sym_db = _symbol_database.Default()
 from sokutatsu.broker.v1 import broker_pb2 as sokutatsu_dot_broker_dot_v1_dot_broker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"sokutatsu/monitor/v1/monitor.proto\x12\x14sokutatsu.monitor.v1\x1a sokutatsu/broker/v1/broker.proto\"\xcc\x01\n\x0b\x42rokerState\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12-\n\x04role\x18\x03 \x01(\x0e\x32\x1f.sokutatsu.broker.v1.BrokerRole\x12\x0f\n\x07serving\x18\x04 \x01(\x08\x12\x1b\n\x13last_seen_unix_nano\x18\x05 \x01(\x06\x12\x12\n\nheld_bytes\x18\x06 \x01(\x04\x12\x15\n\rspilled_bytes\x18\x07 \x01(\x04\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\"\x8c\x01\n\nAssignment\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x05 \x01(\x04\x12\x13\n\x0b\x64\x65pth_bytes\x18\x06 \x01(\x04\x12\x10\n\x08migrated\x18\x07 \x01(\x08\"t\n\nStepTiming\x12\x32\n\x04step\x18\x01 \x01(\x0e\x32$.sokutatsu.monitor.v1.SwitchoverStep\x12\x19\n\x11started_unix_nano\x18\x02 \x01(\x06\x12\x17\n\x0f\x64uration_micros\x18\x03 \x01(\x04\"\x9c\x02\n\nSwitchover\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x16\n\x0e\x66rom_broker_id\x18\x04 \x01(\t\x12\x14\n\x0cto_broker_id\x18\x05 \x01(\t\x12\x36\n\x06reason\x18\x06 \x01(\x0e\x32&.sokutatsu.monitor.v1.SwitchoverReason\x12/\n\x05steps\x18\x07 \x03(\x0b\x32 .sokutatsu.monitor.v1.StepTiming\x12\x14\n\x0ctotal_micros\x18\x08 \x01(\x04\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\r\n\x05\x64\x65pth\x18\n \x01(\x04\x12\x11\n\tthreshold\x18\x0b \x01(\x04\".\n\x10GetStatusRequest\x12\x1a\n\x12recent_switchovers\x18\x01 \x01(\r\"\xe9\x01\n\rMonitorStatus\x12\x32\n\x07\x62rokers\x18\x01 \x03(\x0b\x32!.sokutatsu.monitor.v1.BrokerState\x12\x35\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32 .sokutatsu.monitor.v1.Assignment\x12<\n\x12recent_switchovers\x18\x03 \x03(\x0b\x32 .sokutatsu.monitor.v1.Switchover\x12\x16\n\x0eslow_threshold\x18\x04 \x01(\x04\x12\x17\n\x0fthreshold_basis\x18\x05 \x01(\t\"<\n\x14GetAssignmentRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\"0\n\x17WatchAssignmentsRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"V\n\x18RequestSwitchoverRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cto_broker_id\x18\x03 \x01(\t*\xb0\x01\n\x10SwitchoverReason\x12!\n\x1dSWITCHOVER_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16SWITCHOVER_REASON_SLOW\x10\x01\x12\x1f\n\x1bSWITCHOVER_REASON_RECOVERED\x10\x02\x12\x1e\n\x1aSWITCHOVER_REASON_FAILOVER\x10\x03\x12\x1c\n\x18SWITCHOVER_REASON_MANUAL\x10\x04*\xa6\x01\n\x0eSwitchoverStep\x12\x1f\n\x1bSWITCHOVER_STEP_UNSPECIFIED\x10\x00\x12\x1c\n\x18SWITCHOVER_STEP_POSITION\x10\x01\x12\x1a\n\x16SWITCHOVER_STEP_ACCEPT\x10\x02\x12\x1c\n\x18SWITCHOVER_STEP_REDIRECT\x10\x03\x12\x1b\n\x17SWITCHOVER_STEP_RELEASE\x10\x04\x32\x90\x03\n\x07Monitor\x12X\n\tGetStatus\x12&.sokutatsu.monitor.v1.GetStatusRequest\x1a#.sokutatsu.monitor.v1.MonitorStatus\x12]\n\rGetAssignment\x12*.sokutatsu.monitor.v1.GetAssignmentRequest\x1a .sokutatsu.monitor.v1.Assignment\x12\x65\n\x10WatchAssignments\x12-.sokutatsu.monitor.v1.WatchAssignmentsRequest\x1a .sokutatsu.monitor.v1.Assignment0\x01\x12\x65\n\x11RequestSwitchover\x12..sokutatsu.monitor.v1.RequestSwitchoverRequest\x1a .sokutatsu.monitor.v1.Switchoverb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"sokutatsu/monitor/v1/monitor.proto\x12\x14sokutatsu.monitor.v1\x1a sokutatsu/broker/v1/broker.proto\"\xbb\x02\n\x0b\x42rokerState\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12-\n\x04role\x18\x03 \x01(\x0e\x32\x1f.sokutatsu.broker.v1.BrokerRole\x12\x0f\n\x07serving\x18\x04 \x01(\x08\x12\x1b\n\x13last_seen_unix_nano\x18\x05 \x01(\x06\x12\x12\n\nheld_bytes\x18\x06 \x01(\x04\x12\x15\n\rspilled_bytes\x18\x07 \x01(\x04\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\x12\r\n\x05\x65poch\x18\t \x01(\x04\x12\x0f\n\x07peer_up\x18\n \x01(\x08\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12\x12\n\nheld_count\x18\x0c \x01(\x04\x12\x11\n\tmax_bytes\x18\r \x01(\x04\x12\x17\n\x0fstats_streaming\x18\x0e \x01(\x08\"\xdf\x03\n\nAssignment\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x05 \x01(\x04\x12\x13\n\x0b\x64\x65pth_bytes\x18\x06 \x01(\x04\x12\x10\n\x08migrated\x18\x07 \x01(\x08\x12\x11\n\tthreshold\x18\x08 \x01(\x04\x12\x17\n\x0fthreshold_basis\x18\t \x01(\t\x12\x19\n\x11inflow_per_second\x18\n \x01(\x01\x12\x1a\n\x12outflow_per_second\x18\x0b \x01(\x01\x12\x11\n\tconnected\x18\x0c \x01(\x08\x12\x38\n\roverflow_mode\x18\r \x01(\x0e\x32!.sokutatsu.broker.v1.OverflowMode\x12.\n\x05state\x18\x0e \x01(\x0e\x32\x1f.sokutatsu.broker.v1.QueueState\x12\x11\n\tswitching\x18\x0f \x01(\x08\x12\x0f\n\x07removed\x18\x10 \x01(\x08\x12\x14\n\x0cmemory_bytes\x18\x11 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x12 \x01(\x04\x12\x1a\n\x12migrate_back_depth\x18\x13 \x01(\x04\"t\n\nStepTiming\x12\x32\n\x04step\x18\x01 \x01(\x0e\x32$.sokutatsu.monitor.v1.SwitchoverStep\x12\x19\n\x11started_unix_nano\x18\x02 \x01(\x06\x12\x17\n\x0f\x64uration_micros\x18\x03 \x01(\x04\"\xad\x03\n\nSwitchover\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x16\n\x0e\x66rom_broker_id\x18\x04 \x01(\t\x12\x14\n\x0cto_broker_id\x18\x05 \x01(\t\x12\x36\n\x06reason\x18\x06 \x01(\x0e\x32&.sokutatsu.monitor.v1.SwitchoverReason\x12/\n\x05steps\x18\x07 \x03(\x0b\x32 .sokutatsu.monitor.v1.StepTiming\x12\x14\n\x0ctotal_micros\x18\x08 \x01(\x04\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\r\n\x05\x64\x65pth\x18\n \x01(\x04\x12\x11\n\tthreshold\x18\x0b \x01(\x04\x12\x19\n\x11started_unix_nano\x18\x0c \x01(\x06\x12\x18\n\x10position_retries\x18\r \x01(\r\x12\x12\n\nredirected\x18\x0e \x01(\x08\x12\r\n\x05\x65poch\x18\x0f \x01(\x04\x12\x10\n\x08\x66inished\x18\x10 \x01(\x08\x12\x0c\n\x04note\x18\x11 \x01(\t\x12\x17\n\x0frelease_retries\x18\x12 \x01(\r\".\n\x10GetStatusRequest\x12\x1a\n\x12recent_switchovers\x18\x01 \x01(\r\"\xa3\x02\n\rMonitorStatus\x12\x32\n\x07\x62rokers\x18\x01 \x03(\x0b\x32!.sokutatsu.monitor.v1.BrokerState\x12\x35\n\x0b\x61ssignments\x18\x02 \x03(\x0b\x32 .sokutatsu.monitor.v1.Assignment\x12<\n\x12recent_switchovers\x18\x03 \x03(\x0b\x32 .sokutatsu.monitor.v1.Switchover\x12\x16\n\x0eslow_threshold\x18\x04 \x01(\x04\x12\x17\n\x0fthreshold_basis\x18\x05 \x01(\t\x12\x18\n\x10\x61\x63tive_broker_id\x18\x06 \x01(\t\x12\x1e\n\x16switch_estimate_micros\x18\x07 \x01(\x04\"<\n\x14GetAssignmentRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\"0\n\x17WatchAssignmentsRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\"V\n\x18RequestSwitchoverRequest\x12\x15\n\rsubscriber_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cto_broker_id\x18\x03 \x01(\t*\xb0\x01\n\x10SwitchoverReason\x12!\n\x1dSWITCHOVER_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16SWITCHOVER_REASON_SLOW\x10\x01\x12\x1f\n\x1bSWITCHOVER_REASON_RECOVERED\x10\x02\x12\x1e\n\x1aSWITCHOVER_REASON_FAILOVER\x10\x03\x12\x1c\n\x18SWITCHOVER_REASON_MANUAL\x10\x04*\xdf\x01\n\x0eSwitchoverStep\x12\x1f\n\x1bSWITCHOVER_STEP_UNSPECIFIED\x10\x00\x12\x1c\n\x18SWITCHOVER_STEP_POSITION\x10\x01\x12\x1a\n\x16SWITCHOVER_STEP_ACCEPT\x10\x02\x12\x1c\n\x18SWITCHOVER_STEP_REDIRECT\x10\x03\x12\x1b\n\x17SWITCHOVER_STEP_RELEASE\x10\x04\x12\x1a\n\x16SWITCHOVER_STEP_DETECT\x10\x05\x12\x1b\n\x17SWITCHOVER_STEP_PROMOTE\x10\x06\x32\x90\x03\n\x07Monitor\x12X\n\tGetStatus\x12&.sokutatsu.monitor.v1.GetStatusRequest\x1a#.sokutatsu.monitor.v1.MonitorStatus\x12]\n\rGetAssignment\x12*.sokutatsu.monitor.v1.GetAssignmentRequest\x1a .sokutatsu.monitor.v1.Assignment\x12\x65\n\x10WatchAssignments\x12-.sokutatsu.monitor.v1.WatchAssignmentsRequest\x1a .sokutatsu.monitor.v1.Assignment0\x01\x12\x65\n\x11RequestSwitchover\x12..sokutatsu.monitor.v1.RequestSwitchoverRequest\x1a .sokutatsu.monitor.v1.Switchoverb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sokutatsu.monitor.v1.monitor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SWITCHOVERREASON']._serialized_start=1334
-  _globals['_SWITCHOVERREASON']._serialized_end=1510
-  _globals['_SWITCHOVERSTEP']._serialized_start=1513
-  _globals['_SWITCHOVERSTEP']._serialized_end=1679
+  _globals['_SWITCHOVERREASON']._serialized_start=1987
+  _globals['_SWITCHOVERREASON']._serialized_end=2163
+  _globals['_SWITCHOVERSTEP']._serialized_start=2166
+  _globals['_SWITCHOVERSTEP']._serialized_end=2389
   _globals['_BROKERSTATE']._serialized_start=95
-  _globals['_BROKERSTATE']._serialized_end=299
-  _globals['_ASSIGNMENT']._serialized_start=302
-  _globals['_ASSIGNMENT']._serialized_end=442
-  _globals['_STEPTIMING']._serialized_start=444
-  _globals['_STEPTIMING']._serialized_end=560
-  _globals['_SWITCHOVER']._serialized_start=563
-  _globals['_SWITCHOVER']._serialized_end=847
-  _globals['_GETSTATUSREQUEST']._serialized_start=849
-  _globals['_GETSTATUSREQUEST']._serialized_end=895
-  _globals['_MONITORSTATUS']._serialized_start=898
-  _globals['_MONITORSTATUS']._serialized_end=1131
-  _globals['_GETASSIGNMENTREQUEST']._serialized_start=1133
-  _globals['_GETASSIGNMENTREQUEST']._serialized_end=1193
-  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_start=1195
-  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_end=1243
-  _globals['_REQUESTSWITCHOVERREQUEST']._serialized_start=1245
-  _globals['_REQUESTSWITCHOVERREQUEST']._serialized_end=1331
-  _globals['_MONITOR']._serialized_start=1682
-  _globals['_MONITOR']._serialized_end=2082
+  _globals['_BROKERSTATE']._serialized_end=410
+  _globals['_ASSIGNMENT']._serialized_start=413
+  _globals['_ASSIGNMENT']._serialized_end=892
+  _globals['_STEPTIMING']._serialized_start=894
+  _globals['_STEPTIMING']._serialized_end=1010
+  _globals['_SWITCHOVER']._serialized_start=1013
+  _globals['_SWITCHOVER']._serialized_end=1442
+  _globals['_GETSTATUSREQUEST']._serialized_start=1444
+  _globals['_GETSTATUSREQUEST']._serialized_end=1490
+  _globals['_MONITORSTATUS']._serialized_start=1493
+  _globals['_MONITORSTATUS']._serialized_end=1784
+  _globals['_GETASSIGNMENTREQUEST']._serialized_start=1786
+  _globals['_GETASSIGNMENTREQUEST']._serialized_end=1846
+  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_start=1848
+  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_end=1896
+  _globals['_REQUESTSWITCHOVERREQUEST']._serialized_start=1898
+  _globals['_REQUESTSWITCHOVERREQUEST']._serialized_end=1984
+  _globals['_MONITOR']._serialized_start=2392
+  _globals['_MONITOR']._serialized_end=2792
 # @@protoc_insertion_point(module_scope)

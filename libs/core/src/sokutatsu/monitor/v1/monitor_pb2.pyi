@@ -70,6 +70,12 @@ class _SwitchoverStepEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Switch
     """3. The serving broker redirects the subscriber's stream."""
     SWITCHOVER_STEP_RELEASE: _SwitchoverStep.ValueType  # 4
     """4. The serving broker clears its queue for the subscriber."""
+    SWITCHOVER_STEP_DETECT: _SwitchoverStep.ValueType  # 5
+    """Failover: from the last time the active was heard from until the monitor
+    gave up on it (SOKUTATSU_MONITOR_FAILOVER_AFTER_SECONDS).
+    """
+    SWITCHOVER_STEP_PROMOTE: _SwitchoverStep.ValueType  # 6
+    """Failover: the standby is made active (BrokerControl.SetRole)."""
 
 class SwitchoverStep(_SwitchoverStep, metaclass=_SwitchoverStepEnumTypeWrapper): ...
 
@@ -82,6 +88,12 @@ SWITCHOVER_STEP_REDIRECT: SwitchoverStep.ValueType  # 3
 """3. The serving broker redirects the subscriber's stream."""
 SWITCHOVER_STEP_RELEASE: SwitchoverStep.ValueType  # 4
 """4. The serving broker clears its queue for the subscriber."""
+SWITCHOVER_STEP_DETECT: SwitchoverStep.ValueType  # 5
+"""Failover: from the last time the active was heard from until the monitor
+gave up on it (SOKUTATSU_MONITOR_FAILOVER_AFTER_SECONDS).
+"""
+SWITCHOVER_STEP_PROMOTE: SwitchoverStep.ValueType  # 6
+"""Failover: the standby is made active (BrokerControl.SetRole)."""
 Global___SwitchoverStep: _TypeAlias = SwitchoverStep  # noqa: Y015
 
 @_typing.final
@@ -96,6 +108,12 @@ class BrokerState(_message.Message):
     HELD_BYTES_FIELD_NUMBER: _builtins.int
     SPILLED_BYTES_FIELD_NUMBER: _builtins.int
     RSS_BYTES_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PEER_UP_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    HELD_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    STATS_STREAMING_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """host:port."""
@@ -106,6 +124,17 @@ class BrokerState(_message.Message):
     held_bytes: _builtins.int
     spilled_bytes: _builtins.int
     rss_bytes: _builtins.int
+    epoch: _builtins.int
+    """Fencing epoch of its role (see broker RoleInfo)."""
+    peer_up: _builtins.bool
+    """Whether it hears from its peer."""
+    error: _builtins.str
+    """Why it is not answering (empty while it answers)."""
+    held_count: _builtins.int
+    max_bytes: _builtins.int
+    """Its broker-wide memory limit (0 = none)."""
+    stats_streaming: _builtins.bool
+    """Whether its statistics stream is open now."""
     def __init__(
         self,
         *,
@@ -117,10 +146,16 @@ class BrokerState(_message.Message):
         held_bytes: _builtins.int = ...,
         spilled_bytes: _builtins.int = ...,
         rss_bytes: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        peer_up: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        held_count: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        stats_streaming: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "held_bytes", b"held_bytes", "last_seen_unix_nano", b"last_seen_unix_nano", "role", b"role", "rss_bytes", b"rss_bytes", "serving", b"serving", "spilled_bytes", b"spilled_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "error", b"error", "held_bytes", b"held_bytes", "held_count", b"held_count", "last_seen_unix_nano", b"last_seen_unix_nano", "max_bytes", b"max_bytes", "peer_up", b"peer_up", "role", b"role", "rss_bytes", b"rss_bytes", "serving", b"serving", "spilled_bytes", b"spilled_bytes", "stats_streaming", b"stats_streaming"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -137,6 +172,18 @@ class Assignment(_message.Message):
     DEPTH_FIELD_NUMBER: _builtins.int
     DEPTH_BYTES_FIELD_NUMBER: _builtins.int
     MIGRATED_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    THRESHOLD_BASIS_FIELD_NUMBER: _builtins.int
+    INFLOW_PER_SECOND_FIELD_NUMBER: _builtins.int
+    OUTFLOW_PER_SECOND_FIELD_NUMBER: _builtins.int
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SWITCHING_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    MIGRATE_BACK_DEPTH_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     broker_id: _builtins.str
@@ -145,7 +192,34 @@ class Assignment(_message.Message):
     depth: _builtins.int
     depth_bytes: _builtins.int
     migrated: _builtins.bool
-    """True while the subscriber is served by the standby because it was slow."""
+    """True while the subscriber is served by the standby (the broker whose
+    role is STANDBY), i.e. it was moved there because it was slow.
+    """
+    threshold: _builtins.int
+    """Slow-subscriber threshold of this subscriber in messages: over it, a
+    subscriber in overflow mode migrate is moved to the standby. Adaptive:
+    derived from its memory budget, the measured mean message size, its
+    measured inflow and the measured switch time.
+    """
+    threshold_basis: _builtins.str
+    """What the threshold was derived from, in words."""
+    inflow_per_second: _builtins.float
+    outflow_per_second: _builtins.float
+    connected: _builtins.bool
+    """Whether the subscriber's stream is open on the broker that serves it."""
+    overflow_mode: _broker_pb2.OverflowMode.ValueType
+    state: _broker_pb2.QueueState.ValueType
+    """The queue's state on the broker that serves it (SERVING or LEAVING)."""
+    switching: _builtins.bool
+    """A switchover of this subscriber is running."""
+    removed: _builtins.bool
+    """WatchAssignments only: the subscription is gone from both brokers."""
+    memory_bytes: _builtins.int
+    memory_budget_bytes: _builtins.int
+    migrate_back_depth: _builtins.int
+    """A migrated subscriber whose depth stays at or under this returns to the
+    active after the migrate-back time.
+    """
     def __init__(
         self,
         *,
@@ -156,10 +230,22 @@ class Assignment(_message.Message):
         depth: _builtins.int = ...,
         depth_bytes: _builtins.int = ...,
         migrated: _builtins.bool = ...,
+        threshold: _builtins.int = ...,
+        threshold_basis: _builtins.str = ...,
+        inflow_per_second: _builtins.float = ...,
+        outflow_per_second: _builtins.float = ...,
+        connected: _builtins.bool = ...,
+        overflow_mode: _broker_pb2.OverflowMode.ValueType = ...,
+        state: _broker_pb2.QueueState.ValueType = ...,
+        switching: _builtins.bool = ...,
+        removed: _builtins.bool = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_budget_bytes: _builtins.int = ...,
+        migrate_back_depth: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "depth", b"depth", "depth_bytes", b"depth_bytes", "migrated", b"migrated", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "connected", b"connected", "depth", b"depth", "depth_bytes", b"depth_bytes", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "migrate_back_depth", b"migrate_back_depth", "migrated", b"migrated", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "removed", b"removed", "state", b"state", "subscriber_id", b"subscriber_id", "switching", b"switching", "threshold", b"threshold", "threshold_basis", b"threshold_basis", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -192,6 +278,10 @@ Global___StepTiming: _TypeAlias = StepTiming  # noqa: Y015
 
 @_typing.final
 class Switchover(_message.Message):
+    """One switchover of a subscriber, or one failover of the pair (reason
+    FAILOVER, subscriber_id and topic empty: every subscriber moves).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -205,6 +295,13 @@ class Switchover(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     DEPTH_FIELD_NUMBER: _builtins.int
     THRESHOLD_FIELD_NUMBER: _builtins.int
+    STARTED_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    POSITION_RETRIES_FIELD_NUMBER: _builtins.int
+    REDIRECTED_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    RELEASE_RETRIES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     subscriber_id: _builtins.str
     topic: _builtins.str
@@ -217,6 +314,28 @@ class Switchover(_message.Message):
     depth: _builtins.int
     """Queue depth that triggered it and the threshold in force at the time."""
     threshold: _builtins.int
+    started_unix_nano: _builtins.int
+    position_retries: _builtins.int
+    """How many times step 1 was asked again until the subscriber's position
+    covered what the taking broker holds (see AcceptSubscriberResponse.floor).
+    """
+    redirected: _builtins.bool
+    """Whether step 3 found the subscriber connected (false: it finds its
+    broker when it reconnects).
+    """
+    epoch: _builtins.int
+    """Failover: the epoch the new active got."""
+    finished: _builtins.bool
+    """False while it runs (RequestSwitchover answers when it is finished)."""
+    note: _builtins.str
+    """What else happened, in words (e.g. the standby promoted itself before
+    the monitor did; a refused step 4 finished later).
+    """
+    release_retries: _builtins.int
+    """How many times step 4 was asked again because the serving broker
+    refused it (the redirected stream was still attached, or it did not hear
+    its peer).
+    """
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepTiming]: ...
     def __init__(
@@ -233,10 +352,17 @@ class Switchover(_message.Message):
         error: _builtins.str = ...,
         depth: _builtins.int = ...,
         threshold: _builtins.int = ...,
+        started_unix_nano: _builtins.int = ...,
+        position_retries: _builtins.int = ...,
+        redirected: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
+        finished: _builtins.bool = ...,
+        note: _builtins.str = ...,
+        release_retries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "error", b"error", "from_broker_id", b"from_broker_id", "id", b"id", "reason", b"reason", "steps", b"steps", "subscriber_id", b"subscriber_id", "threshold", b"threshold", "to_broker_id", b"to_broker_id", "topic", b"topic", "total_micros", b"total_micros"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "epoch", b"epoch", "error", b"error", "finished", b"finished", "from_broker_id", b"from_broker_id", "id", b"id", "note", b"note", "position_retries", b"position_retries", "reason", b"reason", "redirected", b"redirected", "release_retries", b"release_retries", "started_unix_nano", b"started_unix_nano", "steps", b"steps", "subscriber_id", b"subscriber_id", "threshold", b"threshold", "to_broker_id", b"to_broker_id", "topic", b"topic", "total_micros", b"total_micros"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -271,12 +397,21 @@ class MonitorStatus(_message.Message):
     RECENT_SWITCHOVERS_FIELD_NUMBER: _builtins.int
     SLOW_THRESHOLD_FIELD_NUMBER: _builtins.int
     THRESHOLD_BASIS_FIELD_NUMBER: _builtins.int
+    ACTIVE_BROKER_ID_FIELD_NUMBER: _builtins.int
+    SWITCH_ESTIMATE_MICROS_FIELD_NUMBER: _builtins.int
     slow_threshold: _builtins.int
-    """The current slow-subscriber threshold in messages (adaptive: derived from
-    the memory budget, the measured inflow and the measured switch time).
+    """The lowest slow-subscriber threshold in force, in messages, over the
+    subscribers in overflow mode migrate (0 = none); each subscriber's own is
+    in its Assignment.
     """
     threshold_basis: _builtins.str
-    """What the threshold was derived from, in words."""
+    """What the thresholds are derived from, in words (switch time, safety
+    factor, bounds).
+    """
+    active_broker_id: _builtins.str
+    """The broker the monitor treats as active (empty = none answers as active)."""
+    switch_estimate_micros: _builtins.int
+    """The switch time the thresholds assume, in microseconds."""
     @_builtins.property
     def brokers(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerState]: ...
     @_builtins.property
@@ -291,10 +426,12 @@ class MonitorStatus(_message.Message):
         recent_switchovers: _abc.Iterable[Global___Switchover] | None = ...,
         slow_threshold: _builtins.int = ...,
         threshold_basis: _builtins.str = ...,
+        active_broker_id: _builtins.str = ...,
+        switch_estimate_micros: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "brokers", b"brokers", "recent_switchovers", b"recent_switchovers", "slow_threshold", b"slow_threshold", "threshold_basis", b"threshold_basis"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_broker_id", b"active_broker_id", "assignments", b"assignments", "brokers", b"brokers", "recent_switchovers", b"recent_switchovers", "slow_threshold", b"slow_threshold", "switch_estimate_micros", b"switch_estimate_micros", "threshold_basis", b"threshold_basis"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -351,6 +488,7 @@ class RequestSwitchoverRequest(_message.Message):
     TO_BROKER_ID_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
+    """May be empty when the subscriber has one subscription."""
     to_broker_id: _builtins.str
     """Broker to move to; empty = the other broker of the pair."""
     def __init__(

@@ -66,21 +66,31 @@ class MonitorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAssignment(self, request, context):
-        """Where a subscriber is served now.
+        """Where a subscriber is served now. NOT_FOUND when neither broker knows it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchAssignments(self, request, context):
-        """The current assignments, then every change.
+        """The current assignments, then every change of broker, migrated or
+        switching (the depth is the one at the time of the change); a removed
+        subscription comes with removed = true.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RequestSwitchover(self, request, context):
-        """Move a subscriber now, by the same four steps.
+        """Move a subscriber now, by the same four steps, and answer with the
+        record once it is finished. A switchover that ran but failed (and was
+        undone) is answered with its record and `error` set. Refused before any
+        step: NOT_FOUND (unknown subscriber or broker), ABORTED (a switchover of
+        that subscriber is already running, or waits for its step 4),
+        FAILED_PRECONDITION (it is already served by that broker, or by none),
+        UNAVAILABLE (a broker it needs does not answer),
+        INVALID_ARGUMENT (no subscriber_id; no topic for a subscriber with
+        several subscriptions).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,22 +39,46 @@ class MonitorStub:
     def __new__(cls, channel: _aio.Channel) -> MonitorAsyncStub: ...
     GetStatus: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.GetStatusRequest, _monitor_pb2.MonitorStatus]
     GetAssignment: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.GetAssignmentRequest, _monitor_pb2.Assignment]
-    """Where a subscriber is served now."""
+    """Where a subscriber is served now. NOT_FOUND when neither broker knows it."""
     WatchAssignments: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchAssignmentsRequest, _monitor_pb2.Assignment]
-    """The current assignments, then every change."""
+    """The current assignments, then every change of broker, migrated or
+    switching (the depth is the one at the time of the change); a removed
+    subscription comes with removed = true.
+    """
     RequestSwitchover: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.RequestSwitchoverRequest, _monitor_pb2.Switchover]
-    """Move a subscriber now, by the same four steps."""
+    """Move a subscriber now, by the same four steps, and answer with the
+    record once it is finished. A switchover that ran but failed (and was
+    undone) is answered with its record and `error` set. Refused before any
+    step: NOT_FOUND (unknown subscriber or broker), ABORTED (a switchover of
+    that subscriber is already running, or waits for its step 4),
+    FAILED_PRECONDITION (it is already served by that broker, or by none),
+    UNAVAILABLE (a broker it needs does not answer),
+    INVALID_ARGUMENT (no subscriber_id; no topic for a subscriber with
+    several subscriptions).
+    """
 
 @_typing.type_check_only
 class MonitorAsyncStub(MonitorStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetStatus: _aio.UnaryUnaryMultiCallable[_monitor_pb2.GetStatusRequest, _monitor_pb2.MonitorStatus]  # type: ignore[assignment]
     GetAssignment: _aio.UnaryUnaryMultiCallable[_monitor_pb2.GetAssignmentRequest, _monitor_pb2.Assignment]  # type: ignore[assignment]
-    """Where a subscriber is served now."""
+    """Where a subscriber is served now. NOT_FOUND when neither broker knows it."""
     WatchAssignments: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchAssignmentsRequest, _monitor_pb2.Assignment]  # type: ignore[assignment]
-    """The current assignments, then every change."""
+    """The current assignments, then every change of broker, migrated or
+    switching (the depth is the one at the time of the change); a removed
+    subscription comes with removed = true.
+    """
     RequestSwitchover: _aio.UnaryUnaryMultiCallable[_monitor_pb2.RequestSwitchoverRequest, _monitor_pb2.Switchover]  # type: ignore[assignment]
-    """Move a subscriber now, by the same four steps."""
+    """Move a subscriber now, by the same four steps, and answer with the
+    record once it is finished. A switchover that ran but failed (and was
+    undone) is answered with its record and `error` set. Refused before any
+    step: NOT_FOUND (unknown subscriber or broker), ABORTED (a switchover of
+    that subscriber is already running, or waits for its step 4),
+    FAILED_PRECONDITION (it is already served by that broker, or by none),
+    UNAVAILABLE (a broker it needs does not answer),
+    INVALID_ARGUMENT (no subscriber_id; no topic for a subscriber with
+    several subscriptions).
+    """
 
 class MonitorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -70,7 +94,7 @@ class MonitorServicer(metaclass=_abc_1.ABCMeta):
         request: _monitor_pb2.GetAssignmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_monitor_pb2.Assignment, _abc.Awaitable[_monitor_pb2.Assignment]]:
-        """Where a subscriber is served now."""
+        """Where a subscriber is served now. NOT_FOUND when neither broker knows it."""
 
     @_abc_1.abstractmethod
     def WatchAssignments(
@@ -78,7 +102,10 @@ class MonitorServicer(metaclass=_abc_1.ABCMeta):
         request: _monitor_pb2.WatchAssignmentsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_monitor_pb2.Assignment], _abc.AsyncIterator[_monitor_pb2.Assignment]]:
-        """The current assignments, then every change."""
+        """The current assignments, then every change of broker, migrated or
+        switching (the depth is the one at the time of the change); a removed
+        subscription comes with removed = true.
+        """
 
     @_abc_1.abstractmethod
     def RequestSwitchover(
@@ -86,6 +113,15 @@ class MonitorServicer(metaclass=_abc_1.ABCMeta):
         request: _monitor_pb2.RequestSwitchoverRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_monitor_pb2.Switchover, _abc.Awaitable[_monitor_pb2.Switchover]]:
-        """Move a subscriber now, by the same four steps."""
+        """Move a subscriber now, by the same four steps, and answer with the
+        record once it is finished. A switchover that ran but failed (and was
+        undone) is answered with its record and `error` set. Refused before any
+        step: NOT_FOUND (unknown subscriber or broker), ABORTED (a switchover of
+        that subscriber is already running, or waits for its step 4),
+        FAILED_PRECONDITION (it is already served by that broker, or by none),
+        UNAVAILABLE (a broker it needs does not answer),
+        INVALID_ARGUMENT (no subscriber_id; no topic for a subscriber with
+        several subscriptions).
+        """
 
 def add_MonitorServicer_to_server(servicer: MonitorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

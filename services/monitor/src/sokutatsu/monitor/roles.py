@@ -1,0 +1,181 @@
+"""Carrying out the pair's role decisions (``pair.py``): failover and demotion.
+
+A failover is recorded among the switchovers (reason FAILOVER, no subscriber: every one
+moves) with two steps: DETECT, from the last time the active was heard from until the
+monitor gave up on it, and PROMOTE, the ``SetRole`` call. After a role change the keeper
+waits until the broker's statistics show the new epoch (or the failover time passed)
+before deciding again, so one lost active never causes two promotions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.monitor.assignments import BrokerView
+from sokutatsu.monitor.broker_link import rpc_error_text
+from sokutatsu.monitor.pair import RoleChange, decide_roles
+from sokutatsu.monitor.status import unix_nano_at
+from sokutatsu.monitor.switchover import timed_step, tracer
+from sokutatsu.monitor.v1 import monitor_pb2
+
+if TYPE_CHECKING:
+    from sokutatsu.monitor.monitor import Monitor
+
+log = logging.getLogger(__name__)
+
+# After a SetRole that failed, wait this long before deciding again.
+ROLE_RETRY_SECONDS = 0.5
+
+
+class RoleKeeper:
+    def __init__(self, monitor: Monitor, now: float) -> None:
+        self.monitor = monitor
+        # Since when no reachable broker reports ACTIVE (the monitor's start counts).
+        self.no_active_since: float | None = now
+        self.last_active = ""
+        self.highest_epoch = 0
+        self.busy = False
+        self.settle: tuple[str, int] | None = None
+        self.settle_until = 0.0
+
+    def tick(self, views: list[BrokerView], active: BrokerView | None, now: float) -> None:
+        for view in views:
+            if view.stats is not None:
+                self.highest_epoch = max(self.highest_epoch, view.stats.epoch)
+        links = self.monitor.links
+        if active is not None:
+            lost = self.last_active
+            ours = self.busy or (self.settle is not None and self.settle[0] == active.broker_id)
+            if lost and lost != active.broker_id and not links[lost].reachable(now) and not ours:
+                self._observed_failover(lost, active, now)
+            self.no_active_since = None
+            self.last_active = active.broker_id
+        elif self.no_active_since is None:
+            # From the last time the active was heard from.
+            last = links[self.last_active].last_ok if self.last_active else 0.0
+            self.no_active_since = last or now
+        if self.busy:
+            return
+        if self.settle is not None:
+            broker_id, epoch = self.settle
+            stats = links[broker_id].stats
+            confirmed = stats is not None and stats.epoch >= epoch and links[broker_id].reachable(now)
+            if not confirmed and now < self.settle_until:
+                return
+            self.settle = None
+        settings = self.monitor.settings
+        change = decide_roles(
+            self.monitor.members(now), now, self.no_active_since, settings.failover_after, self.highest_epoch
+        )
+        if change is not None:
+            self.busy = True
+            self.monitor.spawn(self._apply(change, now), f"set-role-{change.broker_id}")
+
+    def _observed_failover(self, lost: str, active: BrokerView, now: float) -> None:
+        """The standby became active without the monitor (it promotes itself when its peer is gone)."""
+        since = self.monitor.links[lost].last_ok or now
+        started = unix_nano_at(since)
+        record = monitor_pb2.Switchover(
+            id=f"fo-{uuid.uuid4().hex[:12]}",
+            from_broker_id=lost,
+            to_broker_id=active.broker_id,
+            reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
+            epoch=active.epoch,
+            started_unix_nano=started,
+            total_micros=round((now - since) * 1e6),
+            finished=True,
+            note=(
+                f"{active.broker_id} became active by itself (epoch {active.epoch}) after {lost} stopped "
+                "answering; DETECT is until the monitor saw it"
+            ),
+        )
+        record.steps.append(
+            monitor_pb2.StepTiming(
+                step=monitor_pb2.SWITCHOVER_STEP_DETECT, started_unix_nano=started, duration_micros=record.total_micros
+            )
+        )
+        with tracer.start_as_current_span(
+            "failover",
+            attributes={
+                "sokutatsu.from_broker": lost,
+                "sokutatsu.to_broker": active.broker_id,
+                "sokutatsu.reason": "FAILOVER",
+                "sokutatsu.epoch": active.epoch,
+                "sokutatsu.why": record.note,
+            },
+        ):
+            log.warning("%s", record.note)
+        self.monitor.recent.appendleft(record)
+
+    async def _apply(self, change: RoleChange, decided_at: float) -> None:
+        links = self.monitor.links
+        link = links[change.broker_id]
+        role = broker_pb2.BrokerRole.Name(change.role).removeprefix("BROKER_ROLE_").lower()
+        lost = self.last_active if self.last_active and self.last_active != change.broker_id else ""
+        lost = lost or next((b for b in links if b != change.broker_id), "")
+        record: monitor_pb2.Switchover | None = None
+        if change.failover:
+            since = self.no_active_since if self.no_active_since is not None else decided_at
+            record = monitor_pb2.Switchover(
+                id=f"fo-{uuid.uuid4().hex[:12]}",
+                from_broker_id=lost,
+                to_broker_id=change.broker_id,
+                reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
+                epoch=change.epoch,
+                started_unix_nano=unix_nano_at(since),
+            )
+            record.steps.append(
+                monitor_pb2.StepTiming(
+                    step=monitor_pb2.SWITCHOVER_STEP_DETECT,
+                    started_unix_nano=record.started_unix_nano,
+                    duration_micros=round((decided_at - since) * 1e6),
+                )
+            )
+        name = "failover" if change.failover else "set_role"
+        attributes: dict[str, str | int] = {
+            "sokutatsu.broker": change.broker_id,
+            "sokutatsu.role": role,
+            "sokutatsu.epoch": change.epoch,
+            "sokutatsu.why": change.why,
+        }
+        if change.failover:
+            attributes |= {"sokutatsu.from_broker": lost, "sokutatsu.to_broker": change.broker_id}
+            attributes["sokutatsu.reason"] = "FAILOVER"
+        log.warning("%s becomes %s at epoch %d: %s", change.broker_id, role, change.epoch, change.why)
+        with tracer.start_as_current_span(name, attributes=attributes) as span:
+            try:
+                if record is not None:
+                    with timed_step(record, monitor_pb2.SWITCHOVER_STEP_PROMOTE):
+                        await link.set_role(change.role, change.epoch, change.peer)
+                else:
+                    await link.set_role(change.role, change.epoch, change.peer)
+            except Exception as exc:  # noqa: BLE001 - recorded; decided again after a pause
+                text = f"SetRole({role}, epoch {change.epoch}) on {change.broker_id} failed: {rpc_error_text(exc)}"
+                log.warning("%s", text)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, text))
+                if record is not None:
+                    record.error = text
+                self.settle = (change.broker_id, change.epoch)
+                self.settle_until = time.monotonic() + ROLE_RETRY_SECONDS
+            else:
+                self.highest_epoch = max(self.highest_epoch, change.epoch)
+                self.settle = (change.broker_id, change.epoch)
+                self.settle_until = time.monotonic() + max(
+                    self.monitor.settings.failover_after, 5 * self.monitor.settings.stats_interval
+                )
+                if change.role == broker_pb2.BROKER_ROLE_ACTIVE:
+                    self.no_active_since = None
+                    self.last_active = change.broker_id
+            finally:
+                self.busy = False
+                if record is not None:
+                    record.total_micros = sum(s.duration_micros for s in record.steps)
+                    record.finished = True
+                    self.monitor.recent.appendleft(record)
+                self.monitor.tell_watchers()

@@ -1,0 +1,128 @@
+"""A model of one broker's control side for one subscriber, after broker.proto's BrokerControl.
+
+Used where the monitor's sequencing is checked without broker processes: it answers
+like the documented contract (step 1 only while serving; accept makes it serve and says
+its floor; redirect leaves; release clears or shadows), can be told to fail a call, and
+can hold step 1 until a gate opens (to catch a switchover in the middle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
+    return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
+
+
+@dataclass
+class ModelBroker:
+    """One broker's control side for one subscriber, after broker.proto's BrokerControl."""
+
+    broker_id: str
+    role: str  # "active" or "standby"
+    state: str  # SERVING, SHADOW, AWAY, LEAVING
+    # What GetSwitchPosition answers, call after call (the last one repeats).
+    positions: list[dict[str, int]] = field(default_factory=lambda: [{"pub": 10}])
+    floor: dict[str, int] = field(default_factory=dict)
+    fail: dict[str, aio.AioRpcError] = field(default_factory=dict)
+    # How many times a call in ``fail`` fails before it succeeds (absent: always).
+    fail_times: dict[str, int] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    accepted_positions: list[dict[str, int]] = field(default_factory=list)
+    subscriber_id: str = "desk-1"
+    # When set, step 1 waits for it.
+    gate: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.broker_id}.test:1"
+
+    def call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            left = self.fail_times.get(name)
+            if left is None:
+                raise self.fail[name]
+            if left > 0:
+                self.fail_times[name] = left - 1
+                raise self.fail[name]
+
+    async def subscription(self, subscriber_id: str, topic: str) -> broker_pb2.Subscription:
+        self.call("subscription")
+        return broker_pb2.Subscription(subscriber_id=subscriber_id, topic=topic, durable=True)
+
+    async def switch_position(
+        self, switchover_id: str, subscriber_id: str, topic: str
+    ) -> broker_pb2.GetSwitchPositionResponse:
+        self.call("position")
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.state != "SERVING":
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{self.broker_id} does not serve {subscriber_id}")
+        last = self.positions.pop(0) if len(self.positions) > 1 else self.positions[0]
+        return broker_pb2.GetSwitchPositionResponse(position=broker_pb2.Position(last_seq=last), connected=True)
+
+    async def accept(
+        self, switchover_id: str, subscription: broker_pb2.Subscription, position: broker_pb2.Position
+    ) -> broker_pb2.AcceptSubscriberResponse:
+        self.call("accept")
+        self.accepted_positions.append(dict(position.last_seq))
+        self.state = "SERVING"
+        return broker_pb2.AcceptSubscriberResponse(floor=broker_pb2.Position(last_seq=self.floor))
+
+    async def redirect(
+        self, switchover_id: str, subscriber_id: str, topic: str, *, target: str, target_broker_id: str, reason: str
+    ) -> broker_pb2.RedirectSubscriberResponse:
+        self.call("redirect")
+        self.state = "LEAVING"
+        return broker_pb2.RedirectSubscriberResponse(redirected=True)
+
+    async def release(self, switchover_id: str, subscriber_id: str, topic: str) -> broker_pb2.ReleaseSubscriberResponse:
+        self.call("release")
+        self.state = "AWAY" if self.role == "active" else "SHADOW"
+        return broker_pb2.ReleaseSubscriberResponse(cleared=1)
+
+
+class StubAdapter:
+    """The generated stubs' calls (``BrokerControlStub``, ``BrokerAdminStub``) answered by a model."""
+
+    def __init__(self, model: ModelBroker) -> None:
+        self.model = model
+        self.roles: list[tuple[broker_pb2.BrokerRole.ValueType, int, str]] = []
+
+    async def ListSubscriptions(self, request: Any, **_: Any) -> broker_pb2.ListSubscriptionsResponse:  # noqa: N802 - the stub's names
+        sub = await self.model.subscription(self.model.subscriber_id, request.topic)
+        return broker_pb2.ListSubscriptionsResponse(subscriptions=[sub])
+
+    async def GetSwitchPosition(self, request: Any, **_: Any) -> broker_pb2.GetSwitchPositionResponse:  # noqa: N802 - the stub's names
+        return await self.model.switch_position(request.switchover_id, request.subscriber_id, request.topic)
+
+    async def AcceptSubscriber(self, request: Any, **_: Any) -> broker_pb2.AcceptSubscriberResponse:  # noqa: N802 - the stub's names
+        return await self.model.accept(request.switchover_id, request.subscription, request.position)
+
+    async def RedirectSubscriber(self, request: Any, **_: Any) -> broker_pb2.RedirectSubscriberResponse:  # noqa: N802 - the stub's names
+        return await self.model.redirect(
+            request.switchover_id,
+            request.subscriber_id,
+            request.topic,
+            target=request.target,
+            target_broker_id=request.target_broker_id,
+            reason=request.reason,
+        )
+
+    async def ReleaseSubscriber(self, request: Any, **_: Any) -> broker_pb2.ReleaseSubscriberResponse:  # noqa: N802 - the stub's names
+        return await self.model.release(request.switchover_id, request.subscriber_id, request.topic)
+
+    async def SetRole(self, request: Any, **_: Any) -> broker_pb2.RoleInfo:  # noqa: N802 - the stub's names
+        self.model.call("set_role")
+        self.roles.append((request.role, request.epoch, request.peer))
+        self.model.role = "active" if request.role == broker_pb2.BROKER_ROLE_ACTIVE else "standby"
+        return broker_pb2.RoleInfo(broker_id=self.model.broker_id, role=request.role, epoch=request.epoch)

@@ -1,0 +1,362 @@
+"""The monitor's decisions and requests, in one process, fed with statistics frames.
+
+The monitor here gets ``BrokerStats`` frames through ``BrokerLink.receive`` (what its
+statistics stream does) and its control calls are answered by the pair model
+(``model_pair.py``) behind the generated stubs' method names: no network, so slow moves,
+migrate-back, failover and the one-switchover-per-subscriber rule are checked without
+timing. Real processes: ``test_monitor_process.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from sokutatsu.monitor.errors import SwitchoverRunning
+from sokutatsu.monitor.monitor import Monitor
+from sokutatsu.monitor.settings import MonitorSettings, parse_brokers
+from sokutatsu.monitor.v1 import monitor_pb2
+from tests.monitor.model_pair import ModelBroker, StubAdapter, rpc_error
+
+pytestmark = pytest.mark.timeout(60)
+
+ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
+STANDBY = broker_pb2.BROKER_ROLE_STANDBY
+MIGRATE = broker_pb2.OVERFLOW_MODE_MIGRATE
+# Only stops a hung test.
+LIMIT_SECONDS = 20.0
+
+
+def _sub(state: broker_pb2.QueueState.ValueType, depth: int = 0, **extra: object) -> broker_pb2.SubscriberStats:
+    fields: dict[str, object] = {
+        "subscriber_id": "desk-1",
+        "topic": "prices",
+        "state": state,
+        "depth": depth,
+        "connected": True,
+        "overflow_mode": MIGRATE,
+        "memory_budget_bytes": 1_000_000,
+        "memory_bytes": depth * 100,
+    }
+    fields.update(extra)
+    return broker_pb2.SubscriberStats(**fields)  # type: ignore[arg-type]
+
+
+def _stats(
+    broker_id: str,
+    role: broker_pb2.BrokerRole.ValueType,
+    subs: list[broker_pb2.SubscriberStats],
+    epoch: int = 1,
+    peer_up: bool = True,
+) -> broker_pb2.BrokerStats:
+    return broker_pb2.BrokerStats(broker_id=broker_id, role=role, epoch=epoch, peer_up=peer_up, subscribers=subs)
+
+
+class Harness:
+    """Each tick, every broker not ``silent`` sends its current statistics (its role and epoch as
+    the last SetRole left them), then the monitor makes one round of decisions."""
+
+    def __init__(self, monitor: Monitor, a: ModelBroker, b: ModelBroker) -> None:
+        self.monitor = monitor
+        self.models = {"broker-a": a, "broker-b": b}
+        self.stubs: dict[str, StubAdapter] = {}
+        self.current: dict[str, broker_pb2.BrokerStats] = {}
+        self.silent: set[str] = set()
+
+    def feed(self, broker_id: str, stats: broker_pb2.BrokerStats) -> None:
+        self.current[broker_id] = stats
+        self.monitor.links[broker_id].receive(stats)
+
+    def tick(self) -> None:
+        for broker_id, stats in self.current.items():
+            if broker_id in self.silent:
+                continue
+            roles = self.stubs[broker_id].roles
+            if roles:
+                stats.role, stats.epoch = roles[-1][0], roles[-1][1]
+            self.monitor.links[broker_id].receive(stats)
+        self.monitor.tick(time.monotonic())
+
+    def kill(self, broker_id: str) -> None:
+        """Its statistics stream breaks and nothing more arrives."""
+        self.silent.add(broker_id)
+        self.monitor.links[broker_id].down = True
+        self.monitor.links[broker_id].error = "statistics stream: UNAVAILABLE: connection refused"
+
+    async def ticks_until(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + LIMIT_SECONDS
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.tick()
+            await asyncio.sleep(0.01)
+
+    def records(self, reason: monitor_pb2.SwitchoverReason.ValueType) -> list[monitor_pb2.Switchover]:
+        return [r for r in self.monitor.recent if r.reason == reason]
+
+
+@pytest.fixture
+async def harness(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    overrides: dict[str, object] = getattr(request, "param", {})
+    settings = MonitorSettings(
+        brokers=parse_brokers("broker-a=127.0.0.1:1,broker-b=127.0.0.1:2"),
+        stats_interval_ms=50,
+        failover_after=0.3,
+        switch_timeout=0.3,
+        migrate_back_after=0.05,
+        min_move_interval=0.05,
+        slow_min=100,
+        migrate_back_depth=10,
+        **overrides,  # type: ignore[arg-type]
+    )
+    monitor = Monitor(settings)
+    a = ModelBroker("broker-a", "active", "SERVING")
+    b = ModelBroker("broker-b", "standby", "SHADOW")
+    h = Harness(monitor, a, b)
+    for broker_id, model in h.models.items():
+        link = monitor.links[broker_id]
+        stub = h.stubs[broker_id] = StubAdapter(model)
+        for name in ("GetSwitchPosition", "AcceptSubscriber", "RedirectSubscriber", "ReleaseSubscriber", "SetRole"):
+            monkeypatch.setattr(link.control, name, getattr(stub, name))
+        monkeypatch.setattr(link.admin, "ListSubscriptions", stub.ListSubscriptions)
+    try:
+        async with asyncio.TaskGroup() as group:
+            monitor.use(group)
+            yield h
+    finally:
+        await monitor.close()
+
+
+def _normal_pair(h: Harness, depth: int = 10) -> None:
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_SERVING, depth)]))
+    h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SHADOW, depth)]))
+    h.tick()
+
+
+@pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
+async def test_requests_that_are_refused_before_any_step(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    m = h.monitor
+    with pytest.raises(InvalidArgument, match="subscriber_id is empty"):
+        await m.request_switchover("", "", "")
+    with pytest.raises(NotFound, match="no subscriber 'nobody' at broker-a or broker-b"):
+        await m.request_switchover("nobody", "", "")
+    with pytest.raises(NotFound, match="no subscription of 'desk-1' on topic 'news'"):
+        await m.request_switchover("desk-1", "news", "")
+    with pytest.raises(NotFound, match="no broker 'broker-z'; the pair is broker-a and broker-b"):
+        await m.request_switchover("desk-1", "prices", "broker-z")
+    with pytest.raises(FailedPrecondition, match="already served by broker-a"):
+        await m.request_switchover("desk-1", "prices", "broker-a")
+    h.kill("broker-b")
+    with pytest.raises(Unavailable, match="broker-b \\(the taking broker\\) does not answer"):
+        await m.request_switchover("desk-1", "prices", "")
+    assert h.models["broker-a"].calls == []
+    assert SwitchoverRunning.code == grpc.StatusCode.ABORTED
+
+
+@pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
+async def test_a_second_switchover_of_the_same_subscriber_is_aborted(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    gate = h.models["broker-a"].gate = asyncio.Event()
+    first = asyncio.create_task(h.monitor.request_switchover("desk-1", "", ""))
+    await h.ticks_until(lambda: ("desk-1", "prices") in h.monitor.running, "the first switchover to start")
+    with pytest.raises(SwitchoverRunning, match="a switchover of desk-1 on prices is already running"):
+        await h.monitor.request_switchover("desk-1", "prices", "broker-b")
+    status = h.monitor.status(0)
+    assert [(r.reason, r.finished) for r in status.recent_switchovers] == [
+        (monitor_pb2.SWITCHOVER_REASON_MANUAL, False)
+    ]
+    assert status.assignments[0].switching
+    gate.set()
+    record = await first
+    assert (record.from_broker_id, record.to_broker_id, record.error) == ("broker-a", "broker-b", "")
+    assert [s.step for s in record.steps] == [
+        monitor_pb2.SWITCHOVER_STEP_POSITION,
+        monitor_pb2.SWITCHOVER_STEP_ACCEPT,
+        monitor_pb2.SWITCHOVER_STEP_REDIRECT,
+        monitor_pb2.SWITCHOVER_STEP_RELEASE,
+    ]
+    assert h.models["broker-b"].calls == ["accept"]
+    assert ("desk-1", "prices") not in h.monitor.running
+
+
+async def test_slow_subscriber_moves_to_the_standby_and_back_once_recovered(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h, depth=10)
+    threshold = h.monitor.assignment("desk-1", "prices").threshold
+    assert threshold == 10_000 - 0  # 1 MB budget / 100 B per message, no inflow: the budget
+    assert not h.monitor.recent  # nothing moved yet
+
+    _normal_pair(h, depth=threshold + 1)
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_SLOW)), "the slow move")
+    slow = h.records(monitor_pb2.SWITCHOVER_REASON_SLOW)[0]
+    assert (slow.from_broker_id, slow.to_broker_id, slow.error) == ("broker-a", "broker-b", "")
+    assert (slow.depth, slow.threshold) == (threshold + 1, threshold)
+    assert len(slow.steps) == 4
+
+    # Now served by the standby, still deep: it stays there.
+    deep = [_sub(broker_pb2.QUEUE_STATE_SERVING, threshold + 1)]
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_AWAY)]))
+    h.feed("broker-b", _stats("broker-b", STANDBY, deep))
+    h.tick()
+    served = h.monitor.assignment("desk-1", "prices")
+    assert (served.broker_id, served.migrated) == ("broker-b", True)
+    for _ in range(20):
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert not h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)
+
+    # Drained: back to the active after the dwell (the active holds from accept time: step 1 loops).
+    h.models["broker-a"].floor = {"pub": 12}
+    h.models["broker-b"].positions = [{"pub": 10}, {"pub": 12}]
+    h.models["broker-a"].calls.clear()
+    h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SERVING, 2)]))
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)), "the move back")
+    back = h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)[0]
+    assert (back.from_broker_id, back.to_broker_id, back.error) == ("broker-b", "broker-a", "")
+    assert back.position_retries == 1
+    assert h.models["broker-a"].accepted_positions[-2:] == [{"pub": 10}, {"pub": 12}]
+    assert len(h.monitor.recent) == 2  # one move each way, nothing more
+
+
+async def test_flow_to_disk_subscribers_are_never_moved(harness: Harness) -> None:
+    h = harness
+    mode = {"overflow_mode": broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK}
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_SERVING, 10**6, **mode)]))
+    h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SHADOW, 10**6, **mode)]))
+    for _ in range(10):
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert not h.monitor.recent
+    assert h.models["broker-a"].calls == []
+
+
+async def test_failover_promotes_the_standby_once_and_is_recorded(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    h.kill("broker-a")
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)), "the failover")
+    record = h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)[0]
+    assert (record.from_broker_id, record.to_broker_id, record.epoch, record.error) == ("broker-a", "broker-b", 2, "")
+    assert [s.step for s in record.steps] == [monitor_pb2.SWITCHOVER_STEP_DETECT, monitor_pb2.SWITCHOVER_STEP_PROMOTE]
+    assert record.finished
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    for _ in range(30):  # longer than the failover time: still one promotion
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    assert h.monitor.status(0).active_broker_id == "broker-b"
+    served = h.monitor.assignment("desk-1", "prices")
+    assert served.broker_id in ("broker-a", "broker-b")  # until broker-b's statistics say it serves
+
+
+async def test_two_actives_the_older_epoch_is_demoted(harness: Harness) -> None:
+    h = harness
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [], epoch=1))
+    h.feed("broker-b", _stats("broker-b", ACTIVE, [], epoch=2))
+    await h.ticks_until(lambda: bool(h.stubs["broker-a"].roles), "the demotion")
+    assert h.stubs["broker-a"].roles == [(STANDBY, 3, "127.0.0.1:2")]
+    assert h.stubs["broker-b"].roles == []
+    assert not h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)
+
+
+@pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
+async def test_watch_gives_the_current_assignments_then_changes(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    watch = h.monitor.watch("desk-1")
+    first = await anext(watch)
+    assert (first.subscriber_id, first.broker_id, first.migrated) == ("desk-1", "broker-a", False)
+    # A depth change is not a change of assignment; a move is.
+    _normal_pair(h, depth=500)
+    h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SERVING, 7, connected=False)]))
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_AWAY)]))
+    moved = await asyncio.wait_for(anext(watch), LIMIT_SECONDS)
+    assert (moved.broker_id, moved.migrated, moved.depth) == ("broker-b", True, 7)
+    h.feed("broker-a", _stats("broker-a", ACTIVE, []))
+    h.feed("broker-b", _stats("broker-b", STANDBY, []))
+    gone = await asyncio.wait_for(anext(watch), LIMIT_SECONDS)
+    assert (gone.subscriber_id, gone.topic, gone.removed) == ("desk-1", "prices", True)
+    await watch.aclose()
+    assert len(h.monitor.watchers) == 0
+
+
+async def test_status_says_why_a_broker_is_not_reachable(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    h.kill("broker-b")
+    status = h.monitor.status(0)
+    a, b = status.brokers
+    assert (a.broker_id, a.role, a.serving, a.error) == ("broker-a", ACTIVE, True, "")
+    assert (b.broker_id, b.role, b.serving) == ("broker-b", STANDBY, False)
+    assert "connection refused" in b.error
+    assert status.active_broker_id == "broker-a"
+    assert status.slow_threshold == status.assignments[0].threshold > 0
+    assert "switch time 200 ms assumed" in status.threshold_basis
+    assert "budget" in status.assignments[0].threshold_basis
+
+
+async def _refused_release(h: Harness) -> monitor_pb2.Switchover:
+    """A manual move whose step 4 broker-a refuses (it does not hear broker-b)."""
+    _normal_pair(h)
+    h.models["broker-a"].fail["release"] = rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "peer is down")
+    record = await h.monitor.request_switchover("desk-1", "prices", "")
+    assert "step 4 (release) on broker-a failed: FAILED_PRECONDITION" in record.error
+    assert ("desk-1", "prices") in h.monitor.releases
+    with pytest.raises(SwitchoverRunning, match="waits for step 4"):
+        await h.monitor.request_switchover("desk-1", "prices", "")
+    h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SERVING)]))
+    return record
+
+
+@pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
+async def test_a_refused_release_is_done_once_the_peer_is_heard(harness: Harness) -> None:
+    h = harness
+    record = await _refused_release(h)
+    a = h.models["broker-a"]
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_LEAVING)], peer_up=False))
+    for _ in range(5):
+        h.tick()
+        await asyncio.sleep(0.01)
+    refused = a.calls.count("release")
+    assert refused == record.release_retries + 1  # not asked again while broker-a does not hear its peer
+    del a.fail["release"]
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_LEAVING)]))
+    await h.ticks_until(lambda: ("desk-1", "prices") not in h.monitor.releases, "the release")
+    assert a.calls.count("release") == refused + 1
+    assert record.note == "step 4 done later on broker-a"
+
+
+@pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
+async def test_the_subscriber_goes_back_when_the_taker_dies_before_the_release(harness: Harness) -> None:
+    h = harness
+    record = await _refused_release(h)
+    h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_LEAVING)], peer_up=False))
+    h.kill("broker-b")
+    await h.ticks_until(lambda: ("desk-1", "prices") not in h.monitor.releases, "the give-back")
+    assert h.models["broker-a"].accepted_positions == [{"pub": 10}]
+    assert record.note == "broker-b stopped answering after the redirect; broker-a took the subscriber back"
+
+
+async def test_a_standby_that_promoted_itself_is_recorded_as_a_failover(harness: Harness) -> None:
+    h = harness
+    _normal_pair(h)
+    h.kill("broker-a")
+    h.current["broker-b"] = _stats("broker-b", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_SERVING)], epoch=1)
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)), "the failover record")
+    record = h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)[0]
+    assert (record.from_broker_id, record.to_broker_id, record.error) == ("broker-a", "broker-b", "")
+    assert "broker-b became active by itself" in record.note
+    assert [s.step for s in record.steps] == [monitor_pb2.SWITCHOVER_STEP_DETECT]
+    for _ in range(30):
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert h.stubs["broker-b"].roles == []  # nothing for the monitor to do
+    assert len(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)) == 1
