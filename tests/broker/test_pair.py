@@ -77,8 +77,8 @@ async def _publish(pair: Pair, publisher_id: str, count: int, pace: float = 0.0)
 class Consumer:
     """Reads a subscription into a list, optionally slowly, until it has ``count`` messages."""
 
-    def __init__(self, pair: Pair, subscriber_id: str, count: int, *, mode: str = "migrate") -> None:
-        self.sub = Subscriber(pair.addresses, subscriber_id, TOPIC, durable=True, mode=mode)  # type: ignore[arg-type]
+    def __init__(self, pair: Pair, subscriber_id: str, count: int, *, budget: int = 0) -> None:
+        self.sub = Subscriber(pair.addresses, subscriber_id, TOPIC, durable=True, mode="migrate", memory_budget=budget)
         self.count = count
         self.got: list[broker_pb2.Message] = []
         self.brokers: list[str] = []
