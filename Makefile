@@ -41,3 +41,4 @@ demo: setup ## The main job: bring the suite up on the embedded default, check i
 bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run of seconds)
 	$(RUN) sokutatsu bench throughput $(if $(QUICK),--quick) --json bench/results/throughput$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench switchover $(if $(QUICK),--quick) --json bench/results/switchover$(if $(QUICK),-quick).json
+	$(RUN) sokutatsu bench slow-subscriber $(if $(QUICK),--quick) --json bench/results/slow-subscriber$(if $(QUICK),-quick).json --plots bench/results/plots$(if $(QUICK),-quick)

@@ -221,6 +221,7 @@ app.add_typer(metrics_app, name="metrics")
 bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
 bench_app.command("throughput")(client_commands.bench_throughput)
 bench_app.command("switchover")(client_commands.bench_switchover)
+bench_app.command("slow-subscriber")(client_commands.bench_slow_subscriber)
 app.add_typer(bench_app, name="bench")
 
 

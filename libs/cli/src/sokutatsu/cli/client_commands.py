@@ -214,3 +214,49 @@ def bench_switchover(
     print(json.dumps({k: result[k] for k in keys}))  # noqa: T201
     if result["lost"] or result["duplicates"] or not result["in_order"] or result["failed"]:
         raise typer.Exit(1)
+
+
+def bench_slow_subscriber(
+    quick: Annotated[bool, typer.Option("--quick", help="Shorter phases, for a smoke run of about 3 minutes.")] = False,
+    sizes: Annotated[
+        str, typer.Option("--sizes", help="Message sizes in bytes, comma-separated.")
+    ] = "4096,16384,65536,262144",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+    plots: Annotated[
+        Path | None, typer.Option("--plots", help="Folder for the PNG plots (Figs 5, 6 and 8 of seed 000).")
+    ] = None,
+) -> None:
+    """Seed 000's experiment: a subscriber turns slow; flow-to-disk vs migrate, per message size."""
+    import dataclasses  # noqa: PLC0415 - only for this command
+
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
+    from sokutatsu.cli.bench_slow import FULL, QUICK, measure  # noqa: PLC0415
+
+    try:
+        chosen = tuple(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected sizes in bytes such as 4096,65536, got {sizes!r}") from None
+    if not chosen or any(not 64 <= s <= 2**20 for s in chosen):
+        raise typer.BadParameter("each size must be 64 bytes to 1 MiB (the broker's default MAX_BODY)")
+    cfg = dataclasses.replace(QUICK if quick else FULL, sizes=chosen)
+    console.print(
+        f"bench slow-subscriber ({'quick' if quick else 'full'}): sizes {', '.join(map(str, chosen))}; "
+        + ", ".join(f"{s // 1024} KiB at {cfg.rate(s)} msgs/s" for s in chosen)
+        + f"; slow-down after {cfg.before_seconds:g}s for {cfg.slow_seconds:g}s"
+    )
+    result = asyncio.run(measure(cfg))
+    result["mode"] = "quick" if quick else "full"
+    console.print(result["table"])
+    if plots is not None:
+        from sokutatsu.cli.bench_plots import slow_subscriber_plots  # noqa: PLC0415
+
+        result["plots"] = [str(p) for p in slow_subscriber_plots(result, plots)]
+        console.print(f"plots: {', '.join(result['plots'])}")
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    bad = sum(v for r in result["rows"] for m in r["audit"].values() for w in m.values() for v in w.values())
+    keys = ("ftd_after_mean", "migrate_after_mean", "mean_ratio", "worst_ratio")
+    print(json.dumps({r["size"]: {k: r[k] for k in keys} for r in result["rows"]}))  # noqa: T201
+    if bad:
+        raise typer.Exit(1)
