@@ -72,6 +72,52 @@ def broker_process(**settings: str) -> Iterator[BrokerRun]:
             yield run
 
 
+@dataclass
+class PairRun:
+    """A broker pair and the monitor watching it, each its own process."""
+
+    active: BrokerRun
+    standby: BrokerRun
+    monitor: BrokerRun
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.active.address, self.standby.address]
+
+
+@contextmanager
+def pair_with_monitor(
+    folder: Path, broker: dict[str, str] | None = None, monitor: dict[str, str] | None = None
+) -> Iterator[PairRun]:
+    """broker-a (active), broker-b (standby, told broker-a's address) and a monitor, with extra settings."""
+    broker = broker or {}
+    broker_module, broker_prefix = "sokutatsu.broker", "SOKUTATSU_BROKER_"
+    with (
+        service_process(
+            broker_module, broker_prefix, folder, "broker-a", role="active", state_dir=str(folder / "a"), **broker
+        ) as a,
+        service_process(
+            broker_module,
+            broker_prefix,
+            folder,
+            "broker-b",
+            role="standby",
+            state_dir=str(folder / "b"),
+            peer=a.address,
+            **broker,
+        ) as b,
+        service_process(
+            "sokutatsu.monitor",
+            "SOKUTATSU_MONITOR_",
+            folder,
+            "monitor",
+            brokers=f"broker-a={a.address},broker-b={b.address}",
+            **(monitor or {}),
+        ) as m,
+    ):
+        yield PairRun(a, b, m)
+
+
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     """Nearest-rank percentile of already sorted values."""
     if not sorted_values:

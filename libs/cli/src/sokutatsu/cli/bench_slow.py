@@ -35,7 +35,7 @@ from typing import Any
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.cli.bench_common import cpu_sample, machine, service_process, steal_percent
+from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, service_process, steal_percent
 from sokutatsu.client import BufferFull, Publisher
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
@@ -246,40 +246,12 @@ async def measure_size(cfg: SlowConfig, size: int) -> dict[str, Run]:
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-slow-") as tmp:
         folder = Path(tmp)
         with service_process(
-            "sokutatsu.broker", "SOKUTATSU_BROKER_", folder, "ftd", state_dir=str(folder / "ftd"), max_body="1MiB"
+            "sokutatsu.broker", "SOKUTATSU_BROKER_", folder, "ftd", state_dir=str(folder / "ftd")
         ) as broker:
             runs["flow-to-disk"] = await _run_mode(cfg, size, "flow-to-disk", [broker.address], "")
-        with (
-            service_process(
-                "sokutatsu.broker",
-                "SOKUTATSU_BROKER_",
-                folder,
-                "broker-a",
-                role="active",
-                state_dir=str(folder / "a"),
-                max_body="1MiB",
-            ) as a,
-            service_process(
-                "sokutatsu.broker",
-                "SOKUTATSU_BROKER_",
-                folder,
-                "broker-b",
-                role="standby",
-                state_dir=str(folder / "b"),
-                peer=a.address,
-                max_body="1MiB",
-            ) as b,
-            service_process(
-                "sokutatsu.monitor",
-                "SOKUTATSU_MONITOR_",
-                folder,
-                "monitor",
-                brokers=f"broker-a={a.address},broker-b={b.address}",
-                stats_interval_ms="50",
-                slow_threshold_min=str(max(1, cfg.budget(size) // size // 2)),
-            ) as monitor,
-        ):
-            runs["migrate"] = await _run_mode(cfg, size, "migrate", [a.address, b.address], monitor.address)
+        monitor = {"stats_interval_ms": "50", "slow_threshold_min": str(max(1, cfg.budget(size) // size // 2))}
+        with pair_with_monitor(folder, monitor=monitor) as pair:
+            runs["migrate"] = await _run_mode(cfg, size, "migrate", pair.addresses, pair.monitor.address)
     return runs
 
 

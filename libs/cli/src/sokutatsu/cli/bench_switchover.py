@@ -21,7 +21,7 @@ from typing import Any
 
 from grpc import aio
 
-from sokutatsu.cli.bench_common import cpu_sample, machine, percentile, service_process, steal_percent
+from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, percentile, steal_percent
 from sokutatsu.client import BufferFull, Publisher, Subscriber
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
@@ -75,37 +75,8 @@ async def _consume(sub: Subscriber, seqs: list[int], expected: list[int]) -> Non
 async def measure(cfg: SwitchConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-switch-") as tmp:
         folder = Path(tmp)
-        common = {"peer_timeout_ms": "1000"}
-        with (
-            service_process(
-                "sokutatsu.broker",
-                "SOKUTATSU_BROKER_",
-                folder,
-                "broker-a",
-                role="active",
-                state_dir=str(folder / "a"),
-                **common,
-            ) as a,
-            service_process(
-                "sokutatsu.broker",
-                "SOKUTATSU_BROKER_",
-                folder,
-                "broker-b",
-                role="standby",
-                state_dir=str(folder / "b"),
-                peer=a.address,
-                **common,
-            ) as b,
-            service_process(
-                "sokutatsu.monitor",
-                "SOKUTATSU_MONITOR_",
-                folder,
-                "monitor",
-                brokers=f"broker-a={a.address},broker-b={b.address}",
-                auto_switch="false",
-            ) as monitor,
-        ):
-            return await _run(cfg, [a.address, b.address], monitor.address)
+        with pair_with_monitor(folder, monitor={"auto_switch": "false"}) as pair:
+            return await _run(cfg, pair.addresses, pair.monitor.address)
 
 
 async def _run(cfg: SwitchConfig, addresses: list[str], monitor_address: str) -> dict[str, Any]:
