@@ -238,3 +238,23 @@ async def test_a_publish_made_just_after_the_active_died_is_acknowledged_by_the_
     survivor = await stats(pair.standby.address)
     assert not survivor.peer_up
     assert survivor.published_total == 201
+
+
+async def test_kill9_of_the_standby_serving_a_caught_up_subscriber_loses_nothing(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The active keeps a tail for a subscriber it handed to the standby: when the standby dies,
+    a subscriber within that tail comes back to the active and misses nothing."""
+    pair = await pair_factory()
+    total = 8000
+    desk = Consumer(pair, "desk", total)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        publishing = asyncio.create_task(_publish(pair, "feed", total, pace=0.005))
+        await until(lambda: _async(len(desk.got) > 1000), "delivery to get going")
+        await switch(pair.active, pair.standby, "broker-b", "desk")
+        await until(lambda: _async(len(desk.got) > 3000 and desk.sub.broker_id == "broker-b"), "more on the standby")
+        pair.standby.kill9()
+        await publishing
+    desk.check({"feed": total})
+    assert desk.brokers == ["broker-a", "broker-b", "broker-a"]
