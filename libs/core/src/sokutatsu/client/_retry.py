@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import grpc
 from grpc import aio
 from tenacity import RetryCallState
@@ -37,3 +40,27 @@ class Backoff:
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = self._attempt
         return float(self._wait(state))
+
+
+class StreamEnded(Exception):
+    """The broker ended a stream with OK (e.g. a newer stream took over); the SDK opens a new one."""
+
+
+async def raise_status(call: aio.StreamStreamCall[Any, Any]) -> None:
+    """Raise an ended call's status as :class:`aio.AioRpcError` (nothing when it ended OK)."""
+    code = await call.code()
+    if code != grpc.StatusCode.OK:
+        raise aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(), await call.details())
+
+
+async def write_frame(call: aio.StreamStreamCall[Any, Any], frame: object) -> None:
+    """Write one frame; a call that has already ended raises its status, as a read would.
+
+    grpc.aio raises ``asyncio.InvalidStateError`` ("RPC already finished"), not the status,
+    for a write after the call ended, e.g. when the broker died between two writes.
+    """
+    try:
+        await call.write(frame)
+    except asyncio.InvalidStateError:
+        await raise_status(call)
+        raise StreamEnded from None

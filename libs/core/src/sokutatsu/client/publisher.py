@@ -30,11 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.client._retry import Backoff, reconnectable
+from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
 from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
 from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
 
@@ -78,10 +77,6 @@ class _Link:
 
 
 _PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
-
-
-class _StreamEnded(Exception):
-    pass
 
 
 class Publisher:
@@ -295,7 +290,7 @@ class Publisher:
                     log.info("publish stream to %s broke (%s); reconnecting", link.address, error.code().name)
                 else:
                     self._fail(BrokerError(error.code(), error.details() or ""))
-            except* _StreamEnded:
+            except* StreamEnded:
                 log.info("broker %s closed the publish stream; reconnecting", link.address)
             except* Exception as group:  # noqa: BLE001 - surfaces to the application instead of dying silently
                 self._fail(group.exceptions[0] if isinstance(group.exceptions[0], Exception) else group)
@@ -313,15 +308,16 @@ class Publisher:
             )()
             # Messages up to _acked may be gone from _pending (the survivor acknowledged them
             # alone while this broker was away): it continues after them and marks the hole.
-            await call.write(
+            await write_frame(
+                call,
                 broker_pb2.PublishRequest(
                     open=broker_pb2.PublishOpen(publisher_id=self.publisher_id, first_unacked_seq=self._acked + 1)
-                )
+                ),
             )
             first = await call.read()
             if first is aio.EOF or not isinstance(first, broker_pb2.PublishResponse) or not first.HasField("opened"):
-                await _raise_status(call)
-                raise _StreamEnded
+                await raise_status(call)
+                raise StreamEnded
             last = first.opened.last_seq
             link.broker_last_seq = last
             link.acked_through = max(link.acked_through, last, self._acked)
@@ -378,7 +374,7 @@ class Publisher:
                 i += 1
             last_seq = pending[i - 1].seq
             rewinds = link.rewinds
-            await call.write(batch_frame(topic, elements))
+            await write_frame(call, batch_frame(topic, elements))
             if link.rewinds == rewinds:  # no refusal sent us back meanwhile
                 link.sent_through = last_seq
 
@@ -388,10 +384,10 @@ class Publisher:
         while True:
             response = await call.read()
             if response is aio.EOF:
-                await _raise_status(call)
-                raise _StreamEnded
+                await raise_status(call)
+                raise StreamEnded
             if not isinstance(response, broker_pb2.PublishResponse):  # pragma: no cover - typed by the stub
-                raise _StreamEnded
+                raise StreamEnded
             ack = response.ack
             self.dropped += ack.dropped
             self.duplicates += ack.duplicates
@@ -409,9 +405,3 @@ class Publisher:
             else:
                 backoff.reset()
             self._advance()
-
-
-async def _raise_status(call: _PublishCall) -> None:
-    code = await call.code()
-    if code != grpc.StatusCode.OK:
-        raise aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(), await call.details())

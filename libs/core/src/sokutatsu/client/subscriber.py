@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
-import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client._retry import RECONNECT_CODES, Backoff, reconnectable
+from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise_status, reconnectable, write_frame
 from sokutatsu.client.errors import BrokerError, GapError
 from sokutatsu.client.publisher import CHANNEL_OPTIONS
 
@@ -53,10 +52,6 @@ _SubscribeCall = aio.StreamStreamCall[broker_pb2.SubscribeRequest, broker_pb2.Su
 
 def _serialize_request(request: broker_pb2.SubscribeRequest) -> bytes:
     return request.SerializeToString()
-
-
-class _StreamEnded(Exception):
-    pass
 
 
 class _Redirected(Exception):
@@ -253,7 +248,7 @@ class Subscriber:
             address = self.addresses[self._address_index % len(self.addresses)]
             try:
                 await self._session(address, backoff)
-            except _StreamEnded:
+            except StreamEnded:
                 log.info("broker %s ended the subscribe stream; reconnecting", address)
             except _Redirected as redirect:
                 if redirect.target not in self.addresses:
@@ -287,25 +282,22 @@ class Subscriber:
             # limit minus what is buffered; it resumes after what was received.
             credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
             self._unacked = 0
-            await call.write(
+            await write_frame(
+                call,
                 broker_pb2.SubscribeRequest(
                     open=broker_pb2.SubscribeOpen(
                         subscription=self.subscription,
                         position=broker_pb2.Position(last_seq=self._received),
                         credits=credits,
                     )
-                )
+                ),
             )
             self._call = call
             while True:
                 response = await call.read()
                 if response is aio.EOF:
-                    code = await call.code()
-                    if code == grpc.StatusCode.OK:
-                        raise _StreamEnded  # the broker ended the stream (e.g. a newer one took over)
-                    raise aio.AioRpcError(
-                        code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
-                    )
+                    await raise_status(call)
+                    raise StreamEnded  # the broker ended the stream (e.g. a newer one took over)
                 if not isinstance(response, broker_pb2.SubscribeResponse):  # pragma: no cover - typed by the stub
                     continue
                 kind = response.WhichOneof("frame")
