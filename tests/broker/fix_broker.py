@@ -68,6 +68,11 @@ class BrokerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process holds its connections but answers nothing (a hung broker)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
     def stop(self) -> int | None:
         if self.process is None:
             return None
