@@ -258,3 +258,32 @@ async def test_kill9_of_the_standby_serving_a_caught_up_subscriber_loses_nothing
         await publishing
     desk.check({"feed": total})
     assert desk.brokers == ["broker-a", "broker-b", "broker-a"]
+
+
+async def test_only_the_standby_spills_for_a_migrated_subscriber(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """A slow subscriber on the standby: its queue there outgrows the budget and goes to disk;
+    the active keeps only a bounded tail for it in memory and writes nothing."""
+    pair = await pair_factory(away_tail="16KiB")
+    total = 6000
+    slow = Consumer(pair, "slow", total, budget=32 * 2**10)
+    async with consuming(slow):
+        await asyncio.wait_for(slow.sub.connected.wait(), 10)
+        await switch(pair.active, pair.standby, "broker-b", "slow")
+        await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the subscriber to reach the standby")
+        slow.delay = 0.005
+        await _publish(pair, "feed", total)
+
+        async def spilled() -> bool:
+            return (await subscriber_stats(pair.standby.address, "slow")).spilled_count > 0
+
+        await until(spilled, "the standby to spill the slow subscriber's queue")
+        away = await subscriber_stats(pair.active.address, "slow")
+        assert away.state == broker_pb2.QUEUE_STATE_AWAY
+        assert away.spilled_count == 0
+        assert away.memory_bytes <= 16 * 2**10
+        assert (await stats(pair.active.address)).spilled_count == 0
+        slow.delay = 0.0
+    slow.check({"feed": total})
+    assert slow.brokers == ["broker-b"]
