@@ -38,7 +38,8 @@ up: setup ## Run the whole suite as local processes on an embedded PostgreSQL (C
 demo: setup ## The main job: bring the suite up on the embedded default, check it, stop it
 	$(RUN) sokutatsu demo
 
-bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run of seconds)
+bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run of a few minutes)
 	$(RUN) sokutatsu bench throughput $(if $(QUICK),--quick) --json bench/results/throughput$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench switchover $(if $(QUICK),--quick) --json bench/results/switchover$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench slow-subscriber $(if $(QUICK),--quick) --json bench/results/slow-subscriber$(if $(QUICK),-quick).json --plots bench/results/plots$(if $(QUICK),-quick)
+	$(RUN) sokutatsu bench peers $(if $(QUICK),--quick) --json bench/results/peers$(if $(QUICK),-quick).json

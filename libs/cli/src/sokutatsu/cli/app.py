@@ -222,6 +222,7 @@ bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no
 bench_app.command("throughput")(client_commands.bench_throughput)
 bench_app.command("switchover")(client_commands.bench_switchover)
 bench_app.command("slow-subscriber")(client_commands.bench_slow_subscriber)
+bench_app.command("peers")(client_commands.bench_peers)
 app.add_typer(bench_app, name="bench")
 
 

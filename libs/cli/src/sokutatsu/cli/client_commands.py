@@ -260,3 +260,37 @@ def bench_slow_subscriber(
     print(json.dumps({r["size"]: {k: r[k] for k in keys} for r in result["rows"]}))  # noqa: T201
     if bad:
         raise typer.Exit(1)
+
+
+def bench_peers(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Shorter scenarios, for a smoke run of a few minutes.")
+    ] = False,
+    systems: Annotated[
+        str, typer.Option("--systems", help="Which systems, comma-separated: sokutatsu, rabbitmq, nats.")
+    ] = "sokutatsu,rabbitmq,nats",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+) -> None:
+    """Sokutatsu vs RabbitMQ vs NATS JetStream on this machine: throughput, latency, a slow consumer."""
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_peers import FULL, QUICK, SYSTEMS, measure  # noqa: PLC0415
+
+    chosen = [s.strip() for s in systems.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SYSTEMS]
+    if not chosen or unknown:
+        raise typer.BadParameter(f"choose from {', '.join(SYSTEMS)}; got {systems!r}")
+    cfg = QUICK if quick else FULL
+    console.print(
+        f"bench peers ({'quick' if quick else 'full'}): {', '.join(chosen)}; throughput {cfg.messages:,} msgs, "
+        f"latency and slow consumer at {cfg.rate:,} msgs/s of 1 KiB"
+    )
+    result = asyncio.run(measure(cfg, chosen, say=console.print))
+    result["mode"] = "quick" if quick else "full"
+    console.print(result["table"])
+    console.print(json.dumps(result["ratios"]))
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    measured = [f for f in result["systems"].values() if "skipped" not in f]
+    if any("error" in s for f in measured for s in f.values() if isinstance(s, dict)):
+        raise typer.Exit(1)

@@ -214,11 +214,16 @@ class Publisher:
         persistent: bool = True,
     ) -> int:
         """Publish one message and wait until the brokers hold it; return its sequence number."""
-        while len(self._pending) - self._pending_start >= self.max_pending:
-            await self._wait_acked(self._pending[self._pending_start].seq)
+        await self.wait_for_room()
         seq = self.publish_nowait(topic, key, body, headers, persistent)
         await self._wait_acked(seq)
         return seq
+
+    async def wait_for_room(self) -> None:
+        """Wait until fewer than ``max_pending`` messages wait for acknowledgement, so that
+        :meth:`publish_nowait` will not raise :class:`BufferFull` (back-pressure without a drain)."""
+        while len(self._pending) - self._pending_start >= self.max_pending:
+            await self._wait_acked(self._pending[self._pending_start].seq)
 
     async def flush(self) -> None:
         """Wait until every message handed over so far is acknowledged."""
