@@ -22,18 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, percentile, steal_percent
+from sokutatsu.cli.bench_common import (
+    child_process,
+    child_result,
+    cpu_sample,
+    machine,
+    pair_with_monitor,
+    percentile,
+    steal_percent,
+    tell,
+)
 from sokutatsu.cli.bench_peers_clients import PREFETCH, WINDOW, Peer, make_body, peer_named
 from sokutatsu.cli.bench_slow import audit
 
@@ -86,11 +93,10 @@ def setup(system: str, cfg: PeersConfig) -> Iterator[Setup]:
         yield Setup(peer_named(system, pair.addresses, budget), system, pair.addresses, budget, pair.monitor.address)
 
 
-@contextlib.asynccontextmanager
-async def consumer(where: Setup, name: str, count: int, slow_rate: float = 0) -> AsyncIterator[Any]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+def consumer(
+    where: Setup, name: str, count: int, slow_rate: float = 0
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return child_process(
         "sokutatsu.cli.bench_peers_consumer",
         where.system,
         ",".join(where.addresses),
@@ -98,34 +104,8 @@ async def consumer(where: Setup, name: str, count: int, slow_rate: float = 0) ->
         name,
         str(count),
         str(slow_rate),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
+        what=f"{where.system} consumer {name}",
     )
-    try:
-        assert process.stdout is not None  # noqa: S101 - stdout=PIPE above
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        if line.decode().strip() != "ready":
-            raise RuntimeError(f"{where.system} consumer {name} did not start: {line!r}")
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-async def tell(process: Any, word: str) -> None:
-    process.stdin.write(f"{word}\n".encode())
-    await process.stdin.drain()
-
-
-async def result(process: Any, limit: float) -> dict[str, Any]:
-    out = await asyncio.wait_for(process.stdout.read(), limit)
-    await process.wait()
-    lines = out.decode().strip().splitlines()
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"consumer exited with {process.returncode}")
-    parsed: dict[str, Any] = json.loads(lines[-1])
-    return parsed
 
 
 async def publish_paced(peer: Peer, rate: int, count: int, mark_after: float = 0.0) -> tuple[int, int]:
@@ -172,7 +152,7 @@ async def throughput(system: str, cfg: PeersConfig) -> dict[str, Any]:
                         await sender.send(make_body(seq, SIZE))
                     await sender.flush()
                     acked_ns = time.time_ns()
-                got = await result(proc, 300)
+                got = await child_result(proc, 300)
         finally:
             await where.peer.cleanup()
     seconds = (got["done_ns"] - start_ns) / 1e9
@@ -192,7 +172,7 @@ async def latency(system: str, cfg: PeersConfig) -> dict[str, Any]:
         try:
             async with consumer(where, "lat", total) as proc:
                 await publish_paced(where.peer, cfg.rate, total)
-                got = await result(proc, 120)
+                got = await child_result(proc, 120)
         finally:
             await where.peer.cleanup()
     return {"rate": cfg.rate, "messages": got["received"], **_latency_figures(got["latency_ms"])} | {
@@ -211,9 +191,9 @@ async def slow_consumer(system: str, cfg: PeersConfig) -> dict[str, Any]:
                 await asyncio.sleep(cfg.before_seconds)
                 await tell(slow, "slow")
                 _, slow_at_ns = await publishing
-                got = await result(normal, 300)
+                got = await child_result(normal, 300)
                 await tell(slow, "stop")
-                slow_got = await result(slow, 60)
+                slow_got = await child_result(slow, 60)
             moved = await _moved(where.monitor) if where.monitor else None
         finally:
             await where.peer.cleanup()

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,16 @@ from typing import Any
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, service_process, steal_percent
+from sokutatsu.cli.bench_common import (
+    child_process,
+    child_result,
+    cpu_sample,
+    machine,
+    pair_with_monitor,
+    service_process,
+    steal_percent,
+    tell,
+)
 from sokutatsu.client import BufferFull, Publisher
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
@@ -94,13 +101,10 @@ class Run:
 
 
 # ------------------------------------------------------------------ processes --
-@contextlib.asynccontextmanager
-async def subscriber(
+def subscriber(
     addresses: Sequence[str], subscriber_id: str, *, mode: str, budget: int, count: int, slow_rate: float
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return child_process(
         "sokutatsu.cli.bench_slow_sub",
         ",".join(addresses),
         TOPIC,
@@ -109,33 +113,8 @@ async def subscriber(
         str(budget),
         str(count),
         str(slow_rate),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
+        what=f"benchmark subscriber {subscriber_id}",
     )
-    try:
-        assert process.stdout is not None  # noqa: S101 - stdout=PIPE above
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        if line.decode().strip() != "ready":
-            raise RuntimeError(f"benchmark subscriber {subscriber_id} did not start: {line!r}")
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-async def _tell(process: asyncio.subprocess.Process, word: str) -> None:
-    assert process.stdin is not None  # noqa: S101 - stdin=PIPE
-    process.stdin.write(f"{word}\n".encode())
-    await process.stdin.drain()
-
-
-async def _result(process: asyncio.subprocess.Process, limit: float) -> dict[str, Any]:
-    assert process.stdout is not None  # noqa: S101 - stdout=PIPE
-    out = await asyncio.wait_for(process.stdout.read(), limit)
-    await process.wait()
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return result
 
 
 async def _publish(addresses: Sequence[str], size: int, rate: int, count: int, slow_at: float) -> int:
@@ -191,11 +170,11 @@ async def _run_mode(cfg: SlowConfig, size: int, mode: str, addresses: Sequence[s
         watch = asyncio.create_task(_spill_started(addresses[0], slow_id, stop)) if mode == "flow-to-disk" else None
         publishing = asyncio.create_task(_publish(addresses, size, rate, count, cfg.before_seconds))
         await asyncio.sleep(cfg.before_seconds)
-        await _tell(slow, "slow")
+        await tell(slow, "slow")
         slow_at_ns = await publishing
-        await _tell(slow, "fast")  # drain, so delivery of everything can be checked
-        normal_result = await _result(normal, 300)
-        slow_result = await _result(slow, 600)
+        await tell(slow, "fast")  # drain, so delivery of everything can be checked
+        normal_result = await child_result(normal, 300)
+        slow_result = await child_result(slow, 600)
         stop.set()
         reacted = await watch if watch is not None else None
     switch: dict[str, Any] = {}
