@@ -201,6 +201,15 @@ async def child_process(module: str, *args: str, what: str) -> AsyncIterator[asy
             await process.wait()
 
 
+async def stdin_words() -> AsyncIterator[str]:
+    """The steering lines a child process is told on its standard input (see :func:`tell`)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        yield line.decode().strip()
+
+
 async def tell(process: asyncio.subprocess.Process, word: str) -> None:
     """One steering line to a child's standard input."""
     assert process.stdin is not None  # noqa: S101 - stdin=PIPE

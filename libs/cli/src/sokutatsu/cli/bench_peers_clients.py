@@ -23,7 +23,10 @@ import struct
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sokutatsu.client import Publisher
 
 WINDOW = 4000
 PREFETCH = 1000
@@ -110,7 +113,7 @@ class SokutatsuPeer:
 
 @dataclass
 class _SokutatsuSender:
-    pub: Any
+    pub: Publisher
     topic: str
 
     async def send(self, body: bytes) -> None:
@@ -302,19 +305,23 @@ class NatsPeer:
 class _NatsSender:
     def __init__(self, js: Any) -> None:
         self.js = js
-        self.futures: list[asyncio.Future[Any]] = []
+        self.failure: BaseException | None = None
 
     async def send(self, body: bytes) -> None:
+        if self.failure is not None:
+            raise self.failure
         # Waits on the client's own semaphore once WINDOW publishes are unacknowledged.
-        self.futures.append(await self.js.publish_async(SUBJECT, body))
-        if len(self.futures) >= 4 * WINDOW:
-            self.futures = [f for f in self.futures if not f.done() or f.exception() is not None]
+        future = await self.js.publish_async(SUBJECT, body)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None and self.failure is None:
+            self.failure = future.exception()  # JetStream refused it
 
     async def flush(self) -> None:
         await self.js.publish_async_completed()
-        for future in self.futures:
-            future.result()  # raises if JetStream refused one
-        self.futures.clear()
+        if self.failure is not None:
+            raise self.failure
 
 
 def peer_named(name: str, addresses: Sequence[str] = (), budget: int = 0) -> Peer:

@@ -15,9 +15,11 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.cli.bench_peers_clients import peer_named, read_body
 
 READY = "ready"
@@ -35,11 +37,7 @@ class _State:
 
 
 async def _steer(state: _State, slow_rate: float) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        word = line.decode().strip()
+    async for word in stdin_words():
         if word == "slow":
             state.rate = slow_rate
         elif word == "fast":
@@ -49,7 +47,7 @@ async def _steer(state: _State, slow_rate: float) -> None:
     state.stop.set()
 
 
-async def _receive(bodies: Any, state: _State, count: int) -> None:
+async def _receive(bodies: AsyncIterator[bytes], state: _State, count: int) -> None:
     next_at = time.monotonic()
     async for body in bodies:
         now = time.time_ns()
@@ -82,8 +80,9 @@ async def main(argv: list[str]) -> dict[str, Any]:
         for task in (receiving, stopping):
             task.cancel()
         await asyncio.gather(receiving, stopping, return_exceptions=True)
-        if receiving.done() and not receiving.cancelled() and receiving.exception() is not None:
-            raise receiving.exception()  # type: ignore[misc]
+        failure = None if receiving.cancelled() else receiving.exception()
+        if failure is not None:
+            raise failure
     steering.cancel()
     return {
         "received": len(state.seqs),

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Literal
 
+from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.client import Subscriber
 
 READY = "ready"
@@ -29,11 +30,7 @@ class Pace:
 
 
 async def _steer(pace: Pace, slow_rate: float) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        word = line.decode().strip()
+    async for word in stdin_words():
         if word == "slow":
             pace.rate = slow_rate
         elif word == "fast":

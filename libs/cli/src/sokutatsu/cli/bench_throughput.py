@@ -19,11 +19,18 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from sokutatsu.cli.bench_common import broker_process, cpu_sample, machine, percentile, steal_percent
+from sokutatsu.cli.bench_common import (
+    broker_process,
+    child_process,
+    child_result,
+    cpu_sample,
+    machine,
+    percentile,
+    steal_percent,
+)
 from sokutatsu.client import BufferFull, Publisher, Subscriber
 
 
@@ -74,37 +81,10 @@ async def subscriber_main(address: str, topic: str, count: int) -> dict[str, Any
     }
 
 
-@contextlib.asynccontextmanager
-async def subscriber_process(address: str, topic: str, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sokutatsu.cli.bench_throughput",
-        address,
-        topic,
-        str(count),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        if process.stdout is None:  # pragma: no cover - stdout=PIPE above
-            raise RuntimeError("no pipe to the benchmark subscriber")
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        if line.decode().strip() != SUBSCRIBER_READY:
-            raise RuntimeError(f"benchmark subscriber did not start: {line!r}")
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-async def _result(process: asyncio.subprocess.Process, limit: float) -> dict[str, Any]:
-    if process.stdout is None:  # pragma: no cover - stdout=PIPE
-        raise RuntimeError("no pipe to the benchmark subscriber")
-    out = await asyncio.wait_for(process.stdout.read(), limit)
-    await process.wait()
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return result
+def subscriber_process(
+    address: str, topic: str, count: int
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    return child_process("sokutatsu.cli.bench_throughput", address, topic, str(count), what="benchmark subscriber")
 
 
 async def measure_throughput(address: str, cfg: ThroughputConfig) -> dict[str, Any]:
@@ -120,7 +100,7 @@ async def measure_throughput(address: str, cfg: ThroughputConfig) -> dict[str, A
                     await pub.flush()
         await pub.flush()
         published_ns = time.time_ns()
-        result = await _result(sub, 300)
+        result = await child_result(sub, 300)
     seconds = (result["done_ns"] - start_ns) / 1e9
     return {
         "messages": result["received"],
@@ -145,7 +125,7 @@ async def measure_latency(address: str, cfg: ThroughputConfig) -> dict[str, Any]
                 sent += 1
             await asyncio.sleep(0.001)
         await pub.flush()
-        result = await _result(sub, 120)
+        result = await child_result(sub, 120)
     return {
         "rate": cfg.rate,
         "messages": result["received"],
