@@ -59,9 +59,15 @@ async def switch(source: BrokerProcess, target: BrokerProcess, target_id: str, s
         return asks
 
 
-async def _publish(pair: Pair, publisher_id: str, count: int, pace: float = 0.0) -> Publisher:
+async def _publish(
+    pair: Pair, publisher_id: str, count: int, pace: float = 0.0, *, gate: asyncio.Event | None = None, gate_at: int = 0
+) -> Publisher:
+    """Publish ``count`` messages (every 50, sleep ``pace``); before message ``gate_at`` wait for ``gate``."""
     async with Publisher(pair.addresses, publisher_id, ack_timeout=60) as pub:
         for i in range(count):
+            if gate is not None and i == gate_at:
+                await pub.flush()
+                await gate.wait()
             while True:
                 try:
                     pub.publish_nowait(TOPIC, f"K{i % 20:02d}", f"{publisher_id}:{i + 1}".encode())

@@ -10,32 +10,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 from grpc import aio
 
-from sokutatsu.client import BufferFull, Publisher
 from sokutatsu.monitor.v1 import monitor_pb2
 from tests.broker.fix_broker import Pair
-from tests.broker.test_pair import TOPIC, Consumer, consuming
+from tests.broker.test_pair import TOPIC, Consumer, _publish, consuming
 from tests.e2e.test_pair_with_monitor import FAILOVER, RECOVERED, _moves, _until
 from tests.monitor.fix_monitor import MonitorProcess
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def _publish_gated(pair: Pair, total: int, gate: asyncio.Event, gate_at: int) -> None:
-    """Publish ``total`` messages at a steady pace; before message ``gate_at`` wait for ``gate``."""
-    async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
-        for i in range(total):
-            if i == gate_at:
-                await pub.flush()
-                await gate.wait()
-            while True:
-                try:
-                    pub.publish_nowait(TOPIC, f"K{i % 20:02d}", f"feed:{i + 1}".encode())
-                    break
-                except BufferFull:
-                    await pub.flush()
-            if i % 50 == 49:
-                await asyncio.sleep(0.01)
-        await pub.flush()
 
 
 async def test_with_the_monitor_down_the_brokers_keep_delivering_as_assigned_and_a_new_monitor_carries_on(
@@ -52,7 +33,7 @@ async def test_with_the_monitor_down_the_brokers_keep_delivering_as_assigned_and
     async with consuming(normal, slow):
         await asyncio.wait_for(asyncio.gather(normal.sub.connected.wait(), slow.sub.connected.wait()), 10)
         slow.delay = 0.002
-        publishing = asyncio.create_task(_publish_gated(pair, total, gate, gate_at))
+        publishing = asyncio.create_task(_publish(pair, "feed", total, pace=0.01, gate=gate, gate_at=gate_at))
         await monitor.until(lambda s: bool(_moves(s, "slow")), "the monitor to move the slow subscriber")
         await _until(lambda: slow.sub.broker_id == "broker-b", "the slow subscriber to reach the standby")
 
@@ -101,9 +82,7 @@ async def test_a_broker_dying_during_a_switchover_leaves_the_subscriber_on_the_s
     )
     async with consuming(moving, staying):
         await asyncio.wait_for(asyncio.gather(moving.sub.connected.wait(), staying.sub.connected.wait()), 10)
-        gate = asyncio.Event()
-        gate.set()
-        publishing = asyncio.create_task(_publish_gated(pair, total, gate, 0))
+        publishing = asyncio.create_task(_publish(pair, "feed", total, pace=0.01))
         await _until(lambda: len(moving.got) > 3000, "delivery to get going")
 
         dying.freeze()
