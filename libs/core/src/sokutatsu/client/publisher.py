@@ -2,7 +2,8 @@
 
 Every message gets the next number of this publisher's sequence. Messages are
 batched on the wire (a frame is sent when ``batch_messages`` or
-``batch_bytes`` are ready, or after ``linger`` seconds) and every batch goes to
+``batch_bytes`` are ready; a link that sent a frame less than ``linger``
+seconds ago waits up to that long for a fuller one, an idle link sends at once) and every batch goes to
 every broker address given (the active/standby pair). A message is
 acknowledged once every broker holds it; acknowledging with one broker of
 the pair down ("single copy") comes with the pair, issue #4.
@@ -74,6 +75,8 @@ class _Link:
     broker_last_seq: int = 0
     # The broker's last ack said its peer is down (it alone holds what it acknowledged).
     single_copy: bool = False
+    # Loop time of the last frame written (adaptive batching).
+    last_send: float = float("-inf")
 
 
 _PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
@@ -358,9 +361,16 @@ class Publisher:
                 lingered = False
                 await link.wake.wait()
                 continue
-            if ready < self.batch_messages and self.linger > 0 and not lingered:
-                # Give the application a moment to add more to this frame. Indexes are
-                # recomputed afterwards: acknowledgements may have compacted the list.
+            if (
+                ready < self.batch_messages
+                and self.linger > 0
+                and not lingered
+                and loop.time() - link.last_send < self.linger
+            ):
+                # Adaptive batching: a link that wrote a frame less than `linger` ago is
+                # busy, so give the application a moment to fill this one; an idle link
+                # sends at once (lowest latency). Indexes are recomputed afterwards:
+                # acknowledgements may have compacted the list.
                 lingered = True
                 await asyncio.sleep(self.linger)
                 continue
@@ -379,6 +389,7 @@ class Publisher:
                 i += 1
             last_seq = pending[i - 1].seq
             rewinds = link.rewinds
+            link.last_send = loop.time()
             await write_frame(call, batch_frame(topic, elements))
             if link.rewinds == rewinds:  # no refusal sent us back meanwhile
                 link.sent_through = last_seq

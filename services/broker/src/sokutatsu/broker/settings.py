@@ -111,7 +111,7 @@ class BrokerSettings(ServiceSettings):
     )
     linger_ms: float = setting(
         "LINGER_MS",
-        1.0,
+        0.2,
         "Adaptive batching: a subscriber stream that sent a frame less than this long ago waits this long "
         "for a fuller frame; an idle stream sends at once (0 = never wait).",
         parse_millis,
