@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_weights_sum_exactly_and_keep_the_floor(counts: dict[str, int], min_ppm:
     assert all(ppm >= min_ppm for _, ppm in weights)
     # A domain that sent more never weighs less than one that sent fewer.
     ranked = sorted(weights, key=lambda w: counts[w[0]])
-    assert all(a[1] <= b[1] + 1 for a, b in zip(ranked, ranked[1:], strict=False))
+    assert all(a[1] <= b[1] + 1 for a, b in itertools.pairwise(ranked))
 
 
 def test_draws_follow_the_weights() -> None:
