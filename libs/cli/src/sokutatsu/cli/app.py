@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli import client_commands, status_command
+from sokutatsu.cli import client_commands, simulate_command, status_command
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
@@ -224,6 +224,9 @@ bench_app.command("switchover")(client_commands.bench_switchover)
 bench_app.command("slow-subscriber")(client_commands.bench_slow_subscriber)
 bench_app.command("peers")(client_commands.bench_peers)
 app.add_typer(bench_app, name="bench")
+simulate_app = typer.Typer(help="Discrete-event simulations of the seeds' experiments.", no_args_is_help=True)
+simulate_app.command("atop")(simulate_command.simulate_atop)
+app.add_typer(simulate_app, name="simulate")
 
 
 def main() -> None:
