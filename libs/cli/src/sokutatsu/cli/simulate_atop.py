@@ -18,8 +18,8 @@ domains, one FIFO sequencer per domain with a fixed service time per stamp reque
   which install it one inter-domain delay later; a sequencer passes each distribution on
   to its clients (one intra-domain delay).
 * **Dummies.** Every ``check_interval`` each sequencer compares its slots under its
-  installed distribution with the other domains' slots under the same distribution, as
-  it observed them one inter-domain delay ago (snapshots taken at each check), and sends
+  installed distribution with the other domains' slots under the same distribution as
+  stamped up to ``observe_delay`` (300 ms, the inter-domain mean) earlier, and sends
   ``share_deficit(weight, own, others)`` dummies, or one skip marker of that many slots.
   Fillers are stamped by the sequencer itself and do not queue behind client requests.
 * **Receivers** run ``OrderedMerge`` on everything that was sent: see
@@ -36,10 +36,10 @@ delay over its ``clients - 1`` receivers, so 100 receivers per message need no e
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import random
-from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +76,8 @@ class AtopParams:
     burst_factor: float = 3.0
     burst_duration: float = 10.0
     check_interval: float = 0.1
+    # A sequencer sees the other domains' stamps this late (the inter-domain delay's mean).
+    observe_delay: float = 0.3
     duration: float = 300.0
     seed: int = 1
     receivers: int = 2
@@ -84,8 +86,8 @@ class AtopParams:
     def __post_init__(self) -> None:
         if self.domains < 1 or self.clients % self.domains:
             raise ValueError(f"{self.clients} clients do not split equally into {self.domains} domains")
-        if self.duration <= 0 or self.service_time < 0 or self.check_interval <= 0:
-            raise ValueError("duration and check interval must be positive, service time not negative")
+        if self.duration <= 0 or self.check_interval <= 0 or self.service_time < 0 or self.observe_delay < 0:
+            raise ValueError("duration and check interval must be positive, service time and delays not negative")
         if not 1 <= self.receivers <= 2:
             raise ValueError("one or two receivers (the first and the last client)")
 
@@ -191,6 +193,40 @@ class Sent:
     entry: Entry[int]
 
 
+@dataclass(slots=True)
+class _Series:
+    times: list[float]
+    totals: list[int]
+
+    def add(self, at: float, slots: int) -> None:
+        self.times.append(at)
+        self.totals.append((self.totals[-1] if self.totals else 0) + slots)
+
+    def at(self, moment: float) -> int:
+        i = bisect.bisect_right(self.times, moment)
+        return self.totals[i - 1] if i else 0
+
+
+@dataclass(slots=True)
+class _SlotLog:
+    """Slots stamped under one distribution, over time: all domains, and each domain."""
+
+    every: _Series
+    each: list[_Series]
+
+    @classmethod
+    def empty(cls, domains: int) -> _SlotLog:
+        return cls(_Series([], []), [_Series([], []) for _ in range(domains)])
+
+    def add(self, at: float, domain: int, slots: int) -> None:
+        self.every.add(at, slots)
+        self.each[domain].add(at, slots)
+
+    def others(self, domain: int, moment: float) -> int:
+        """The other domains' slots stamped up to ``moment``."""
+        return self.every.at(moment) - self.each[domain].at(moment)
+
+
 @dataclass
 class _Sequencer:
     index: int
@@ -230,8 +266,9 @@ class Simulation:
         self.filler_slots = 0
         self.closing_fillers = 0
         self.install_rng = stream(params, "install", params.domains)
-        lag = round(params.inter_delay / params.check_interval)
-        self.snapshots: deque[dict[int, tuple[int, list[int]]]] = deque(maxlen=lag + 1)
+        # Per distribution id: when slots were stamped under it, and the running totals, all
+        # domains together and per domain; a check looks them up ``observe_delay`` back.
+        self.stamp_log: dict[int, _SlotLog] = {1: _SlotLog.empty(params.domains)}
 
     # -- processes --
     def serve(self, seq: _Sequencer) -> Generator[simpy.Event, Any, None]:
@@ -265,13 +302,10 @@ class Simulation:
             yield env.timeout(self.p.check_interval)
             if self.closing:
                 return
-            live = min(seq.installed.id for seq in self.sequencers)
-            self.snapshots.append({k: (sum(v), list(v)) for k, v in self.slots.items() if k >= live})
-            observed = self.snapshots[0]  # one inter-domain delay ago
+            seen_at = env.now - self.p.observe_delay
             for seq in self.sequencers:
                 dist_id = seq.installed.id
-                seen = observed.get(dist_id)
-                others = 0 if seen is None else seen[0] - seen[1][seq.index]
+                others = self.stamp_log[dist_id].others(seq.index, seen_at)
                 own = self.slots[dist_id][seq.index]
                 deficit = share_deficit(self.weights[dist_id][seq.index], own, others)
                 if deficit:
@@ -292,6 +326,7 @@ class Simulation:
         self.distributions.append(dist)
         self.weights[dist.id] = [ppm for _, ppm in weights]
         self.slots[dist.id] = [0] * self.p.domains
+        self.stamp_log[dist.id] = _SlotLog.empty(self.p.domains)
         for seq in self.sequencers:
             if seq.index == LEADER:
                 self._install(seq, dist)
@@ -315,6 +350,7 @@ class Simulation:
         entry = Entry(dist_id, seq.name, EPOCH, seq.next_seq, kind, slots, payload)
         seq.next_seq += slots
         self.slots[dist_id][seq.index] += slots
+        self.stamp_log[dist_id].add(self.env.now, seq.index, slots)
         return entry
 
     def _fill(self, seq: _Sequencer, slots: int) -> None:

@@ -63,7 +63,7 @@ def model_description(params: AtopParams) -> dict[str, Any]:
         "burst_factor": params.burst_factor,
         "burst_duration_s": params.burst_duration,
         "check_interval_s": params.check_interval,
-        "observation_lag_s": round(params.inter_delay / params.check_interval) * params.check_interval,
+        "observe_delay_s": params.observe_delay,
         "min_ppm": params.min_ppm,
         "leader": "d000",
         "receivers": ["client 0 (domain d000)", f"client {params.clients - 1} (the last domain)"][: params.receivers],
