@@ -23,6 +23,10 @@ def _domain_axis(ax: Axes) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _bursts(interval: float | None) -> str:
+    return "no bursts" if interval is None else f"bursts {burst_label(interval)}"
+
+
 def _series(rows: list[dict[str, Any]], key: str, value: Any, field: str) -> tuple[list[int], list[float]]:
     chosen = [r for r in rows if r[key] == value]
     return [r["domains"] for r in chosen], [r[field] for r in chosen]
@@ -34,11 +38,11 @@ def _fig10(result: dict[str, Any], path: Path) -> None:
     for interval in dict.fromkeys(r["burst_interval_s"] for r in rows):
         xs, ys = _series(rows, "burst_interval_s", interval, "dummies_per_s")
         if result["markers"]:
-            (line,) = ax.plot(xs, ys, "--", linewidth=1, label=f"slots filled, bursts {burst_label(interval)}")
+            (line,) = ax.plot(xs, ys, "--", linewidth=1, label=f"slots filled, {_bursts(interval)}")
             xs, ys = _series(rows, "burst_interval_s", interval, "filler_messages_per_s")
-            ax.plot(xs, ys, "o-", color=line.get_color(), label=f"skip markers, bursts {burst_label(interval)}")
+            ax.plot(xs, ys, "o-", color=line.get_color(), label=f"skip markers, {_bursts(interval)}")
         else:
-            ax.plot(xs, ys, "o-", label=f"bursts: {burst_label(interval)}")
+            ax.plot(xs, ys, "o-", label=_bursts(interval))
     _domain_axis(ax)
     what = "Skip markers (and slots filled)" if result["markers"] else "Dummy messages"
     ax.set_ylabel("messages per second, whole system")
