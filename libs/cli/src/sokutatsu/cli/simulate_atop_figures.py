@@ -30,7 +30,13 @@ def burst_label(interval: float | None) -> str:
 
 
 def figure_params(
-    figure: int, *, markers: bool, duration: float, seed: int, check_interval: float = 0.1
+    figure: int,
+    *,
+    markers: bool,
+    duration: float,
+    seed: int,
+    check_interval: float = 0.1,
+    observe_delay: float = 0.3,
 ) -> list[AtopParams]:
     """Every configuration of one figure, in the order they are run and reported."""
     common: dict[str, Any] = {
@@ -38,6 +44,7 @@ def figure_params(
         "duration": duration,
         "seed": seed,
         "check_interval": check_interval,
+        "observe_delay": observe_delay,
     }
     if figure == 10:
         return [
@@ -78,10 +85,18 @@ def run_figure(
     duration: float,
     seed: int,
     check_interval: float = 0.1,
+    observe_delay: float = 0.3,
     progress: Callable[[AtopResult, float], None] | None = None,
 ) -> dict[str, Any]:
     """Run every configuration of the figure; the JSON-ready result (no wall-clock figures in it)."""
-    configs = figure_params(figure, markers=markers, duration=duration, seed=seed, check_interval=check_interval)
+    configs = figure_params(
+        figure,
+        markers=markers,
+        duration=duration,
+        seed=seed,
+        check_interval=check_interval,
+        observe_delay=observe_delay,
+    )
     results: list[AtopResult] = []
     for params in configs:
         started = time.perf_counter()

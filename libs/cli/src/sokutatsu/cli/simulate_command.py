@@ -31,6 +31,10 @@ def simulate_atop(  # noqa: PLR0917 - typer commands take one parameter per opti
     check_interval: Annotated[
         float, typer.Option("--check-interval", help="Seconds between the sequencers' share checks.")
     ] = 0.1,
+    observe_delay: Annotated[
+        float,
+        typer.Option("--observe-delay", help="Seconds before a sequencer sees another domain's stamps."),
+    ] = 0.3,
 ) -> None:
     """Simulate extended ATOP (SimPy) with the seed's parameters: Fig. 10 or Fig. 11 of seed 002."""
     from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
@@ -46,8 +50,8 @@ def simulate_atop(  # noqa: PLR0917 - typer commands take one parameter per opti
     if figure not in FIGURES:
         raise typer.BadParameter(f"the seed's simulation has Figs 10 and 11, not {figure}", param_hint="--figure")
     seconds = duration if duration is not None else QUICK_DURATION if quick else FULL_DURATION
-    if seconds <= 0 or check_interval <= 0:
-        raise typer.BadParameter("--duration and --check-interval must be positive")
+    if seconds <= 0 or check_interval <= 0 or observe_delay < 0:
+        raise typer.BadParameter("--duration and --check-interval must be positive, --observe-delay not negative")
     fillers = "skip markers" if markers else "dummies"
     console.print(f"simulate atop: Fig. {figure}, {seconds:g} simulated seconds, seed {seed}, {fillers}")
 
@@ -59,7 +63,13 @@ def simulate_atop(  # noqa: PLR0917 - typer commands take one parameter per opti
         )
 
     result = run_figure(
-        figure, markers=markers, duration=seconds, seed=seed, check_interval=check_interval, progress=progress
+        figure,
+        markers=markers,
+        duration=seconds,
+        seed=seed,
+        check_interval=check_interval,
+        observe_delay=observe_delay,
+        progress=progress,
     )
     header, rows = summary_rows(result)
     table = Table(title=f"Fig. {figure} ({fillers})", title_justify="left")
