@@ -6,4 +6,9 @@ cluster started by this session (system initdb/pg_ctl, as the postgres user
 when root). See ``tests/fix_pg.py``.
 """
 
-pytest_plugins = ["tests.fix_pg", "tests.broker.fix_broker", "tests.monitor.fix_monitor"]
+pytest_plugins = [
+    "tests.fix_pg",
+    "tests.broker.fix_broker",
+    "tests.monitor.fix_monitor",
+    "tests.sequencer.fix_sequencer",
+]

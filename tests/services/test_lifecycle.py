@@ -75,7 +75,7 @@ PREFIX = {
 FIRST_CALL = {
     "sokutatsu.broker": (grpc.StatusCode.INVALID_ARGUMENT, "SetRole.role must be ACTIVE or STANDBY"),
     "sokutatsu.monitor": (grpc.StatusCode.OK, ""),
-    "sokutatsu.sequencer": (grpc.StatusCode.UNIMPLEMENTED, "issue #6"),
+    "sokutatsu.sequencer": (grpc.StatusCode.OK, ""),
     "sokutatsu.queuedb": (grpc.StatusCode.UNIMPLEMENTED, "issue #7"),
 }
 
@@ -96,6 +96,8 @@ def _env(module: str, node_dsn: str, folder: Path, **extra: str) -> dict[str, st
         env["SOKUTATSU_QUEUEDB_DSN"] = node_dsn
     if module == "sokutatsu.broker":
         env["SOKUTATSU_BROKER_STATE_DIR"] = str(folder / "broker-state")
+    if module == "sokutatsu.sequencer":
+        env["SOKUTATSU_SEQUENCER_STATE_DIR"] = str(folder / "sequencer-state")
     return env
 
 

@@ -55,8 +55,26 @@ def suite() -> list[ServiceProcess]:
     broker = _served(broker_pb2)
     queuedb = _served(queuedb_pb2)
     return [
-        ServiceProcess("seq-a", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7101, "sequencer, domain a", sequencer),
-        ServiceProcess("seq-b", "sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_", 7102, "sequencer, domain b", sequencer),
+        ServiceProcess(
+            "seq-a",
+            "sokutatsu.sequencer",
+            "SOKUTATSU_SEQUENCER_",
+            7101,
+            "sequencer, domain a",
+            sequencer,
+            env={"SOKUTATSU_SEQUENCER_DOMAIN": "a"},
+            keeps_state=True,
+        ),
+        ServiceProcess(
+            "seq-b",
+            "sokutatsu.sequencer",
+            "SOKUTATSU_SEQUENCER_",
+            7102,
+            "sequencer, domain b",
+            sequencer,
+            env={"SOKUTATSU_SEQUENCER_DOMAIN": "b"},
+            keeps_state=True,
+        ),
         ServiceProcess(
             "broker-a",
             "sokutatsu.broker",

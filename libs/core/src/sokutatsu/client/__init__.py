@@ -1,6 +1,7 @@
 """The Sokutatsu client SDK."""
 
 from sokutatsu.client.errors import BrokerError, BufferFull, ClientError, Closed, GapError, PublishTimeout
+from sokutatsu.client.ordered import OrderedPublisher, OrderedSubscriber, SequencerError
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
 
@@ -10,7 +11,10 @@ __all__ = [
     "ClientError",
     "Closed",
     "GapError",
+    "OrderedPublisher",
+    "OrderedSubscriber",
     "PublishTimeout",
     "Publisher",
+    "SequencerError",
     "Subscriber",
 ]

@@ -27,6 +27,7 @@ _TAG_HEADER = b"\x22"  # Message.headers = 4 (map entry: key = 1, value = 2)
 _TAG_BODY = b"\x2a"  # Message.body = 5
 _PERSISTENT = b"\x30\x01"  # Message.persistent = 6, true
 _TAG_TIME = b"\x39"  # Message.publish_time_unix_nano = 7, fixed64
+_TAG_STAMP = b"\x42"  # Message.stamp = 8
 
 
 def _length_delimited(tag: bytes, data: bytes) -> bytes:
@@ -41,10 +42,12 @@ def encode_message(  # noqa: PLR0917 - one call per message; mirrors the Message
     headers: dict[str, str] | None,
     persistent: bool,
     time_ns: int,
+    stamp: bytes = b"",
 ) -> bytes:
     """A serialised ``Message`` (the same bytes protobuf would write), without building one.
 
-    ``publisher_field`` is the pre-encoded publisher_id field (see :func:`publisher_field`).
+    ``publisher_field`` is the pre-encoded publisher_id field (see :func:`publisher_field`);
+    ``stamp`` a serialised sequencer ``Stamp`` (total-order topics) or empty.
     """
     parts = [publisher_field, _TAG_SEQ, varint(seq), _length_delimited(_TAG_KEY, key.encode())]
     if headers:
@@ -56,6 +59,8 @@ def encode_message(  # noqa: PLR0917 - one call per message; mirrors the Message
     if persistent:
         parts.append(_PERSISTENT)
     parts.append(_TAG_TIME + time_ns.to_bytes(8, "little"))
+    if stamp:
+        parts.append(_length_delimited(_TAG_STAMP, stamp))
     return b"".join(parts)
 
 

@@ -189,8 +189,14 @@ class Publisher:
         body: bytes,
         headers: Mapping[str, str] | None = None,
         persistent: bool = True,
+        *,
+        stamp: bytes = b"",
     ) -> int:
-        """Queue one message for sending; return its sequence number. Raises :class:`BufferFull`."""
+        """Queue one message for sending; return its sequence number. Raises :class:`BufferFull`.
+
+        ``stamp`` is a serialised sequencer ``Stamp``, required on total-order topics
+        (:class:`~sokutatsu.client.OrderedPublisher` sets it).
+        """
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -200,7 +206,7 @@ class Publisher:
         seq = self._next_seq
         self._next_seq += 1
         payload = encode_message(
-            self._publisher_field, seq, key, body, dict(headers) if headers else None, persistent, time.time_ns()
+            self._publisher_field, seq, key, body, dict(headers) if headers else None, persistent, time.time_ns(), stamp
         )
         element = message_element(payload)
         self._pending.append(_Pending(seq, topic, element, len(element)))
@@ -215,10 +221,12 @@ class Publisher:
         body: bytes,
         headers: Mapping[str, str] | None = None,
         persistent: bool = True,
+        *,
+        stamp: bytes = b"",
     ) -> int:
         """Publish one message and wait until the brokers hold it; return its sequence number."""
         await self.wait_for_room()
-        seq = self.publish_nowait(topic, key, body, headers, persistent)
+        seq = self.publish_nowait(topic, key, body, headers, persistent, stamp=stamp)
         await self._wait_acked(seq)
         return seq
 
@@ -231,6 +239,10 @@ class Publisher:
     async def flush(self) -> None:
         """Wait until every message handed over so far is acknowledged."""
         await self._wait_acked(self.last_seq)
+
+    async def wait_acked(self, seq: int) -> None:
+        """Wait until message ``seq`` (a number :meth:`publish_nowait` returned) is acknowledged."""
+        await self._wait_acked(seq)
 
     async def _wait_acked(self, seq: int) -> None:
         if self._failure is not None:

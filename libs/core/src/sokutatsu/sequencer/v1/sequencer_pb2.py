@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&sokutatsu/sequencer/v1/sequencer.proto\x12\x16sokutatsu.sequencer.v1\"2\n\x0c\x44omainWeight\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x12\n\nweight_ppm\x18\x02 \x01(\r\"l\n\x0c\x44istribution\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07weights\x18\x02 \x03(\x0b\x32$.sokutatsu.sequencer.v1.DomainWeight\x12\x19\n\x11\x63reated_unix_nano\x18\x03 \x01(\x06\"i\n\rSequenceRange\x12\x17\n\x0f\x64istribution_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\r\n\x05\x63ount\x18\x05 \x01(\r\"D\n\x0cStampRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tclient_id\x18\x03 \x01(\t\"Y\n\rStampResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x34\n\x05range\x18\x02 \x01(\x0b\x32%.sokutatsu.sequencer.v1.SequenceRange\"\x1b\n\x19WatchDistributionsRequest\"h\n\x1aInstallDistributionRequest\x12:\n\x0c\x64istribution\x18\x01 \x01(\x0b\x32$.sokutatsu.sequencer.v1.Distribution\x12\x0e\n\x06leader\x18\x02 \x01(\t\"3\n\x1bInstallDistributionResponse\x12\x14\n\x0cinstalled_id\x18\x01 \x01(\x04\")\n\x12GetSendRateRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"c\n\x13GetSendRateResponse\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x1b\n\x13messages_per_second\x18\x02 \x01(\x01\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x12\n\x10GetStatusRequest\"\xb9\x01\n\x0fSequencerStatus\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08last_seq\x18\x04 \x01(\x04\x12:\n\x0c\x64istribution\x18\x05 \x01(\x0b\x32$.sokutatsu.sequencer.v1.Distribution\x12\x13\n\x0b\x64ummy_slots\x18\x06 \x01(\x04\x12\x14\n\x0cskip_markers\x18\x07 \x01(\x04\x32\x9e\x04\n\tSequencer\x12X\n\x05Stamp\x12$.sokutatsu.sequencer.v1.StampRequest\x1a%.sokutatsu.sequencer.v1.StampResponse(\x01\x30\x01\x12o\n\x12WatchDistributions\x12\x31.sokutatsu.sequencer.v1.WatchDistributionsRequest\x1a$.sokutatsu.sequencer.v1.Distribution0\x01\x12~\n\x13InstallDistribution\x12\x32.sokutatsu.sequencer.v1.InstallDistributionRequest\x1a\x33.sokutatsu.sequencer.v1.InstallDistributionResponse\x12\x66\n\x0bGetSendRate\x12*.sokutatsu.sequencer.v1.GetSendRateRequest\x1a+.sokutatsu.sequencer.v1.GetSendRateResponse\x12^\n\tGetStatus\x12(.sokutatsu.sequencer.v1.GetStatusRequest\x1a\'.sokutatsu.sequencer.v1.SequencerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&sokutatsu/sequencer/v1/sequencer.proto\x12\x16sokutatsu.sequencer.v1\"2\n\x0c\x44omainWeight\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x12\n\nweight_ppm\x18\x02 \x01(\r\"\x80\x01\n\x0c\x44istribution\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07weights\x18\x02 \x03(\x0b\x32$.sokutatsu.sequencer.v1.DomainWeight\x12\x19\n\x11\x63reated_unix_nano\x18\x03 \x01(\x06\x12\x12\n\ntotal_rate\x18\x04 \x01(\x01\"i\n\rSequenceRange\x12\x17\n\x0f\x64istribution_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x11\n\tfirst_seq\x18\x04 \x01(\x04\x12\r\n\x05\x63ount\x18\x05 \x01(\r\"\x9e\x01\n\x0cStampRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x11\n\tpublished\x18\x05 \x03(\x04\x12\x35\n\x06\x63laims\x18\x06 \x03(\x0b\x32%.sokutatsu.sequencer.v1.SequenceRange\"Y\n\rStampResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x34\n\x05range\x18\x02 \x01(\x0b\x32%.sokutatsu.sequencer.v1.SequenceRange\"\x1b\n\x19WatchDistributionsRequest\"h\n\x1aInstallDistributionRequest\x12:\n\x0c\x64istribution\x18\x01 \x01(\x0b\x32$.sokutatsu.sequencer.v1.Distribution\x12\x0e\n\x06leader\x18\x02 \x01(\t\"3\n\x1bInstallDistributionResponse\x12\x14\n\x0cinstalled_id\x18\x01 \x01(\x04\")\n\x12GetSendRateRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"c\n\x13GetSendRateResponse\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x1b\n\x13messages_per_second\x18\x02 \x01(\x01\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x12\n\x10GetStatusRequest\"\x80\x02\n\x0fSequencerStatus\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x0e\n\x06leader\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08last_seq\x18\x04 \x01(\x04\x12:\n\x0c\x64istribution\x18\x05 \x01(\x0b\x32$.sokutatsu.sequencer.v1.Distribution\x12\x13\n\x0b\x64ummy_slots\x18\x06 \x01(\x04\x12\x14\n\x0cskip_markers\x18\x07 \x01(\x04\x12\x12\n\nskip_slots\x18\x08 \x01(\x04\x12\x1a\n\x12outstanding_ranges\x18\t \x01(\x04\x12\x15\n\rfilled_ranges\x18\n \x01(\x04\x32\x9e\x04\n\tSequencer\x12X\n\x05Stamp\x12$.sokutatsu.sequencer.v1.StampRequest\x1a%.sokutatsu.sequencer.v1.StampResponse(\x01\x30\x01\x12o\n\x12WatchDistributions\x12\x31.sokutatsu.sequencer.v1.WatchDistributionsRequest\x1a$.sokutatsu.sequencer.v1.Distribution0\x01\x12~\n\x13InstallDistribution\x12\x32.sokutatsu.sequencer.v1.InstallDistributionRequest\x1a\x33.sokutatsu.sequencer.v1.InstallDistributionResponse\x12\x66\n\x0bGetSendRate\x12*.sokutatsu.sequencer.v1.GetSendRateRequest\x1a+.sokutatsu.sequencer.v1.GetSendRateResponse\x12^\n\tGetStatus\x12(.sokutatsu.sequencer.v1.GetStatusRequest\x1a\'.sokutatsu.sequencer.v1.SequencerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DOMAINWEIGHT']._serialized_start=66
   _globals['_DOMAINWEIGHT']._serialized_end=116
-  _globals['_DISTRIBUTION']._serialized_start=118
-  _globals['_DISTRIBUTION']._serialized_end=226
-  _globals['_SEQUENCERANGE']._serialized_start=228
-  _globals['_SEQUENCERANGE']._serialized_end=333
-  _globals['_STAMPREQUEST']._serialized_start=335
-  _globals['_STAMPREQUEST']._serialized_end=403
-  _globals['_STAMPRESPONSE']._serialized_start=405
-  _globals['_STAMPRESPONSE']._serialized_end=494
-  _globals['_WATCHDISTRIBUTIONSREQUEST']._serialized_start=496
-  _globals['_WATCHDISTRIBUTIONSREQUEST']._serialized_end=523
-  _globals['_INSTALLDISTRIBUTIONREQUEST']._serialized_start=525
-  _globals['_INSTALLDISTRIBUTIONREQUEST']._serialized_end=629
-  _globals['_INSTALLDISTRIBUTIONRESPONSE']._serialized_start=631
-  _globals['_INSTALLDISTRIBUTIONRESPONSE']._serialized_end=682
-  _globals['_GETSENDRATEREQUEST']._serialized_start=684
-  _globals['_GETSENDRATEREQUEST']._serialized_end=725
-  _globals['_GETSENDRATERESPONSE']._serialized_start=727
-  _globals['_GETSENDRATERESPONSE']._serialized_end=826
-  _globals['_GETSTATUSREQUEST']._serialized_start=828
-  _globals['_GETSTATUSREQUEST']._serialized_end=846
-  _globals['_SEQUENCERSTATUS']._serialized_start=849
-  _globals['_SEQUENCERSTATUS']._serialized_end=1034
-  _globals['_SEQUENCER']._serialized_start=1037
-  _globals['_SEQUENCER']._serialized_end=1579
+  _globals['_DISTRIBUTION']._serialized_start=119
+  _globals['_DISTRIBUTION']._serialized_end=247
+  _globals['_SEQUENCERANGE']._serialized_start=249
+  _globals['_SEQUENCERANGE']._serialized_end=354
+  _globals['_STAMPREQUEST']._serialized_start=357
+  _globals['_STAMPREQUEST']._serialized_end=515
+  _globals['_STAMPRESPONSE']._serialized_start=517
+  _globals['_STAMPRESPONSE']._serialized_end=606
+  _globals['_WATCHDISTRIBUTIONSREQUEST']._serialized_start=608
+  _globals['_WATCHDISTRIBUTIONSREQUEST']._serialized_end=635
+  _globals['_INSTALLDISTRIBUTIONREQUEST']._serialized_start=637
+  _globals['_INSTALLDISTRIBUTIONREQUEST']._serialized_end=741
+  _globals['_INSTALLDISTRIBUTIONRESPONSE']._serialized_start=743
+  _globals['_INSTALLDISTRIBUTIONRESPONSE']._serialized_end=794
+  _globals['_GETSENDRATEREQUEST']._serialized_start=796
+  _globals['_GETSENDRATEREQUEST']._serialized_end=837
+  _globals['_GETSENDRATERESPONSE']._serialized_start=839
+  _globals['_GETSENDRATERESPONSE']._serialized_end=938
+  _globals['_GETSTATUSREQUEST']._serialized_start=940
+  _globals['_GETSTATUSREQUEST']._serialized_end=958
+  _globals['_SEQUENCERSTATUS']._serialized_start=961
+  _globals['_SEQUENCERSTATUS']._serialized_end=1217
+  _globals['_SEQUENCER']._serialized_start=1220
+  _globals['_SEQUENCER']._serialized_end=1762
 # @@protoc_insertion_point(module_scope)

@@ -60,10 +60,13 @@ class Distribution(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
     CREATED_UNIX_NANO_FIELD_NUMBER: _builtins.int
+    TOTAL_RATE_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Increases by one with every new distribution."""
     created_unix_nano: _builtins.int
     """When the leader computed it, nanoseconds since the Unix epoch."""
+    total_rate: _builtins.float
+    """Messages per second over all domains in the interval it was computed from."""
     @_builtins.property
     def weights(self) -> _containers.RepeatedCompositeFieldContainer[Global___DomainWeight]:
         """Sorted by domain name."""
@@ -74,10 +77,11 @@ class Distribution(_message.Message):
         id: _builtins.int = ...,
         weights: _abc.Iterable[Global___DomainWeight] | None = ...,
         created_unix_nano: _builtins.int = ...,
+        total_rate: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_nano", b"created_unix_nano", "id", b"id", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_unix_nano", b"created_unix_nano", "id", b"id", "total_rate", b"total_rate", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -123,21 +127,48 @@ class StampRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    DOMAIN_FIELD_NUMBER: _builtins.int
+    PUBLISHED_FIELD_NUMBER: _builtins.int
+    CLAIMS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """Chosen by the client; echoed in the response so requests can be pipelined."""
     count: _builtins.int
-    """How many numbers: one per message of the batch to stamp."""
+    """How many numbers: one per message of the batch to stamp (0 = only report
+    `published` / `claims`; no response is sent then).
+    """
     client_id: _builtins.str
+    """Names the client in logs and ties a reconnecting client to its ranges."""
+    domain: _builtins.str
+    """The domain the client means to stamp for; a sequencer of another domain
+    answers NOT_FOUND. Empty = whichever domain this sequencer serves.
+    """
+    @_builtins.property
+    def published(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """first_seq of ranges this client has published (the brokers acknowledged
+        them): the sequencer stops tracking them.
+        """
+
+    @_builtins.property
+    def claims(self) -> _containers.RepeatedCompositeFieldContainer[Global___SequenceRange]:
+        """Sent on a new stream: ranges this client received earlier (any epoch) and
+        has published or will publish. Ranges nobody claims within the fill delay
+        after a stream ends or the sequencer restarts are filled with skip markers
+        so receivers never wait for numbers no one will send.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
         count: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        domain: _builtins.str = ...,
+        published: _abc.Iterable[_builtins.int] | None = ...,
+        claims: _abc.Iterable[Global___SequenceRange] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claims", b"claims", "client_id", b"client_id", "count", b"count", "domain", b"domain", "published", b"published", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -254,7 +285,7 @@ class GetSendRateResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     domain: _builtins.str
     messages_per_second: _builtins.float
-    """Sequence numbers handed out over the last interval, per second."""
+    """Sequence numbers handed out per second since the previous GetSendRate."""
     last_seq: _builtins.int
     epoch: _builtins.int
     def __init__(
@@ -299,14 +330,25 @@ class SequencerStatus(_message.Message):
     DISTRIBUTION_FIELD_NUMBER: _builtins.int
     DUMMY_SLOTS_FIELD_NUMBER: _builtins.int
     SKIP_MARKERS_FIELD_NUMBER: _builtins.int
+    SKIP_SLOTS_FIELD_NUMBER: _builtins.int
+    OUTSTANDING_RANGES_FIELD_NUMBER: _builtins.int
+    FILLED_RANGES_FIELD_NUMBER: _builtins.int
     domain: _builtins.str
     leader: _builtins.bool
     epoch: _builtins.int
     last_seq: _builtins.int
-    """The highest sequence number handed out in this epoch."""
+    """The highest sequence number handed out (numbers are dense across epochs)."""
     dummy_slots: _builtins.int
-    """Dummies and skip markers sent, in slots."""
+    """Fillers sent: dummy messages (one slot each), skip markers and the slots
+    the markers covered.
+    """
     skip_markers: _builtins.int
+    skip_slots: _builtins.int
+    outstanding_ranges: _builtins.int
+    """Ranges handed out and not yet reported published; ranges filled because
+    no client claimed them.
+    """
+    filled_ranges: _builtins.int
     @_builtins.property
     def distribution(self) -> Global___Distribution: ...
     def __init__(
@@ -319,10 +361,13 @@ class SequencerStatus(_message.Message):
         distribution: Global___Distribution | None = ...,
         dummy_slots: _builtins.int = ...,
         skip_markers: _builtins.int = ...,
+        skip_slots: _builtins.int = ...,
+        outstanding_ranges: _builtins.int = ...,
+        filled_ranges: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution", "domain", b"domain", "dummy_slots", b"dummy_slots", "epoch", b"epoch", "last_seq", b"last_seq", "leader", b"leader", "skip_markers", b"skip_markers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution", "domain", b"domain", "dummy_slots", b"dummy_slots", "epoch", b"epoch", "filled_ranges", b"filled_ranges", "last_seq", b"last_seq", "leader", b"leader", "outstanding_ranges", b"outstanding_ranges", "skip_markers", b"skip_markers", "skip_slots", b"skip_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"sokutatsu/sequencer/v1/stamp.proto\x12\x16sokutatsu.sequencer.v1\"\x8c\x01\n\x05Stamp\x12\x17\n\x0f\x64istribution_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12/\n\x04kind\x18\x05 \x01(\x0e\x32!.sokutatsu.sequencer.v1.StampKind\x12\r\n\x05slots\x18\x06 \x01(\r*g\n\tStampKind\x12\x1a\n\x16STAMP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTAMP_KIND_DATA\x10\x01\x12\x14\n\x10STAMP_KIND_DUMMY\x10\x02\x12\x13\n\x0fSTAMP_KIND_SKIP\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"sokutatsu/sequencer/v1/stamp.proto\x12\x16sokutatsu.sequencer.v1\"\x8c\x01\n\x05Stamp\x12\x17\n\x0f\x64istribution_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12/\n\x04kind\x18\x05 \x01(\x0e\x32!.sokutatsu.sequencer.v1.StampKind\x12\r\n\x05slots\x18\x06 \x01(\r*\x84\x01\n\tStampKind\x12\x1a\n\x16STAMP_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSTAMP_KIND_DATA\x10\x01\x12\x14\n\x10STAMP_KIND_DUMMY\x10\x02\x12\x13\n\x0fSTAMP_KIND_SKIP\x10\x03\x12\x1b\n\x17STAMP_KIND_DISTRIBUTION\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sokutatsu.sequencer.v1.stamp_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STAMPKIND']._serialized_start=205
-  _globals['_STAMPKIND']._serialized_end=308
+  _globals['_STAMPKIND']._serialized_start=206
+  _globals['_STAMPKIND']._serialized_end=338
   _globals['_STAMP']._serialized_start=63
   _globals['_STAMP']._serialized_end=203
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,12 @@ class _StampKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StampKind.V
     """A skip marker: occupies `slots` consecutive slots of its domain at once,
     in place of that many dummies.
     """
+    STAMP_KIND_DISTRIBUTION: _StampKind.ValueType  # 4
+    """Not a slot: the body is a serialised Distribution, published by the
+    leader on every total-order topic (and acknowledged by the brokers) before
+    any sequencer stamps with it, so receivers learn every distribution in
+    band. domain, epoch and seq are 0.
+    """
 
 class StampKind(_StampKind, metaclass=_StampKindEnumTypeWrapper): ...
 
@@ -47,6 +53,12 @@ on a domain that sends less than its weight (seed 002 §3.3).
 STAMP_KIND_SKIP: StampKind.ValueType  # 3
 """A skip marker: occupies `slots` consecutive slots of its domain at once,
 in place of that many dummies.
+"""
+STAMP_KIND_DISTRIBUTION: StampKind.ValueType  # 4
+"""Not a slot: the body is a serialised Distribution, published by the
+leader on every total-order topic (and acknowledged by the brokers) before
+any sequencer stamps with it, so receivers learn every distribution in
+band. domain, epoch and seq are 0.
 """
 Global___StampKind: _TypeAlias = StampKind  # noqa: Y015
 

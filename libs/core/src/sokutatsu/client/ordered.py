@@ -1,0 +1,328 @@
+"""Total-order publishing and subscribing (extended ATOP, seed 002).
+
+``OrderedPublisher`` stamps batches via its domain's sequencer (one request per batch)
+and publishes the stamped messages to a total-order topic on the broker pair; once the
+brokers acknowledged a range it tells the sequencer, so the sequencer knows which
+numbers will never need filling. On a new sequencer stream it claims the ranges it
+holds, so a restarted sequencer does not fill numbers this publisher sends.
+
+``OrderedSubscriber`` reads every message of the topic and hands them to the
+application in the total order of :class:`~sokutatsu.ordering.OrderedMerge`: every
+ordered subscriber of a topic receives the same messages in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client.errors import ClientError, Closed
+from sokutatsu.client.publisher import Publisher
+from sokutatsu.client.subscriber import Subscriber
+from sokutatsu.ordering import OrderedMerge, OrderingError
+from sokutatsu.ordering.wire import distribution_from_message, entry_from_stamp
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
+
+log = logging.getLogger("sokutatsu.client.ordered")
+
+_StampCall = aio.StreamStreamCall[sequencer_pb2.StampRequest, sequencer_pb2.StampResponse]
+_RECENT_RANGES = 1024
+
+
+class SequencerError(ClientError):
+    """The sequencer refused a request for a reason retrying cannot fix."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+@dataclass(slots=True)
+class _Waiting:
+    key: str
+    body: bytes
+    headers: Mapping[str, str] | None
+    done: asyncio.Future[stamp_pb2.Stamp]
+
+
+class OrderedPublisher:
+    """Publish to a total-order topic; every message is stamped by the domain's sequencer."""
+
+    def __init__(
+        self,
+        sequencer: str,
+        brokers: str | Sequence[str],
+        topic: str,
+        *,
+        domain: str = "",
+        client_id: str | None = None,
+        max_batch: int = 10_000,
+        publisher: Publisher | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.sequencer = sequencer
+        self.topic = topic
+        self.domain = domain
+        self.client_id = client_id or f"ordered-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.max_batch = max_batch
+        self._own_publisher = publisher is None
+        self.publisher = publisher or Publisher(brokers, f"{self.client_id}")
+        self._queue: deque[_Waiting] = deque()
+        self._wake = asyncio.Event()
+        self._recent: deque[sequencer_pb2.SequenceRange] = deque(maxlen=_RECENT_RANGES)
+        self._unreported: list[int] = []
+        self._acks: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: Exception | None = None
+        self._closed = False
+        self._request_id = 0
+        self.ranges = 0
+
+    async def __aenter__(self) -> OrderedPublisher:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._own_publisher:
+            await self.publisher.start()
+        self._task = asyncio.create_task(self._run(), name=f"ordered-publisher-{self.client_id}")
+
+    async def close(self) -> None:
+        """Wait (up to the publisher's ``ack_timeout``) for what was handed over, then stop."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), self.publisher.ack_timeout)
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._own_publisher:
+            await self.publisher.close()
+
+    def publish_nowait(
+        self, key: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> asyncio.Future[stamp_pb2.Stamp]:
+        """Queue one message; the future gives its stamp once the brokers hold it."""
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise Closed("ordered publisher closed")
+        done: asyncio.Future[stamp_pb2.Stamp] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Waiting(key, body, headers, done))
+        self._wake.set()
+        return done
+
+    async def publish(self, key: str, body: bytes, headers: Mapping[str, str] | None = None) -> stamp_pb2.Stamp:
+        """Publish one message and wait until the brokers hold it; return its stamp."""
+        return await self.publish_nowait(key, body, headers)
+
+    async def flush(self) -> None:
+        """Wait until everything handed over is stamped and acknowledged."""
+        while self._queue or self._acks:
+            if self._failure is not None:
+                raise self._failure
+            # Futures the caller cancelled are done, but their messages still go out.
+            pending = [w.done for w in self._queue if not w.done.done()] + [t for t in self._acks if not t.done()]
+            if pending:
+                await asyncio.wait(pending, return_when=asyncio.ALL_COMPLETED)
+            else:
+                self._wake.set()
+                await asyncio.sleep(0.01)
+
+    # ---------------------------------------------------------------- stamping --
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            try:
+                async with aio.insecure_channel(self.sequencer) as channel:
+                    call: _StampCall = sequencer_pb2_grpc.SequencerStub(channel).Stamp()
+                    await self._session(call, backoff)
+            except StreamEnded:
+                pass
+            except aio.AioRpcError as error:
+                if not reconnectable(error) and error.code() != grpc.StatusCode.INTERNAL:
+                    self._fail(SequencerError(error.code(), error.details() or ""))
+                    return
+                log.info("sequencer %s: %s; reconnecting", self.sequencer, error.code().name)
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _session(self, call: _StampCall, backoff: Backoff) -> None:
+        if self._recent or self._unreported:
+            # Claim what this publisher holds, so a restarted sequencer does not fill it.
+            await write_frame(
+                call,
+                sequencer_pb2.StampRequest(
+                    client_id=self.client_id,
+                    domain=self.domain,
+                    claims=list(self._recent),
+                    published=self._take_unreported(),
+                ),
+            )
+        while not self._closed:
+            if not self._queue:
+                if self._unreported:
+                    await write_frame(
+                        call,
+                        sequencer_pb2.StampRequest(client_id=self.client_id, published=self._take_unreported()),
+                    )
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue[i] for i in range(min(self.max_batch, len(self._queue)))]
+            self._request_id += 1
+            request = sequencer_pb2.StampRequest(
+                request_id=self._request_id,
+                count=len(batch),
+                client_id=self.client_id,
+                domain=self.domain,
+                published=self._take_unreported(),
+            )
+            await write_frame(call, request)
+            response = await call.read()
+            if response is aio.EOF:
+                await raise_status(call)
+                raise StreamEnded
+            if not isinstance(response, sequencer_pb2.StampResponse):  # pragma: no cover - typed by the stub
+                raise StreamEnded
+            backoff.reset()
+            for _ in batch:
+                self._queue.popleft()
+            self._publish_range(response.range, batch)
+
+    def _publish_range(self, stamped: sequencer_pb2.SequenceRange, batch: list[_Waiting]) -> None:
+        self._recent.append(stamped)
+        self.ranges += 1
+        stamps = []
+        last = 0
+        for offset, waiting in enumerate(batch):
+            stamp = stamp_pb2.Stamp(
+                distribution_id=stamped.distribution_id,
+                domain=stamped.domain,
+                epoch=stamped.epoch,
+                seq=stamped.first_seq + offset,
+                kind=stamp_pb2.STAMP_KIND_DATA,
+                slots=1,
+            )
+            stamps.append(stamp)
+            last = self.publisher.publish_nowait(
+                self.topic, waiting.key, waiting.body, waiting.headers, stamp=stamp.SerializeToString()
+            )
+        task = asyncio.create_task(self._acknowledged(stamped.first_seq, last, batch, stamps))
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)
+
+    async def _acknowledged(
+        self, first_seq: int, last: int, batch: list[_Waiting], stamps: list[stamp_pb2.Stamp]
+    ) -> None:
+        try:
+            await self.publisher.wait_acked(last)
+        except Exception as error:  # noqa: BLE001 - handed to every waiting caller
+            for waiting in batch:
+                if not waiting.done.done():
+                    waiting.done.set_exception(error)
+            return
+        for waiting, stamp in zip(batch, stamps, strict=True):
+            if not waiting.done.done():
+                waiting.done.set_result(stamp)
+        self._unreported.append(first_seq)
+        self._wake.set()
+
+    def _take_unreported(self) -> list[int]:
+        taken, self._unreported = self._unreported, []
+        return taken
+
+    def _fail(self, error: Exception) -> None:
+        self._failure = error
+        while self._queue:
+            waiting = self._queue.popleft()
+            if not waiting.done.done():
+                waiting.done.set_exception(error)
+
+
+class OrderedSubscriber:
+    """Receive a total-order topic in the order every ordered subscriber of it agrees on.
+
+    Subscribe before the first message is published (the subscription is durable and
+    must see the topic from its first distribution). Raises
+    :class:`~sokutatsu.ordering.OrderingError` for a message that cannot be ordered
+    (no stamp, an unknown distribution id, a stale epoch): never a silent reorder.
+    """
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        subscriber_id: str,
+        topic: str,
+        *,
+        max_buffered: int = 1_000_000,
+        **subscriber_options: Any,
+    ) -> None:
+        subscriber_options.setdefault("durable", True)
+        self.subscriber = Subscriber(brokers, subscriber_id, topic, **subscriber_options)
+        self.merge: OrderedMerge[broker_pb2.Message] = OrderedMerge()
+        self.max_buffered = max_buffered
+        self._ready: deque[broker_pb2.Message] = deque()
+
+    async def __aenter__(self) -> OrderedSubscriber:
+        await self.subscriber.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.subscriber.close()
+
+    async def start(self) -> None:
+        await self.subscriber.start()
+
+    async def close(self) -> None:
+        await self.subscriber.close()
+
+    def __aiter__(self) -> OrderedSubscriber:
+        return self
+
+    async def __anext__(self) -> broker_pb2.Message:
+        ready = self._ready
+        merge = self.merge
+        while not ready:
+            message = await self.subscriber.__anext__()
+            if not message.HasField("stamp"):
+                raise OrderingError(
+                    f"message {message.publisher_id}/{message.publisher_seq} has no sequencer stamp: "
+                    f"the topic is not a total-order topic or its publisher is not an OrderedPublisher"
+                )
+            stamp = message.stamp
+            if stamp.kind == stamp_pb2.STAMP_KIND_DISTRIBUTION:
+                try:
+                    distribution = distribution_from_message(sequencer_pb2.Distribution.FromString(message.body))
+                except ValueError as error:
+                    raise OrderingError(f"distribution {stamp.distribution_id} is malformed: {error}") from None
+                merge.add_distribution(distribution)
+            else:
+                merge.add(entry_from_stamp(stamp, message))
+            ready.extend(merge.pop_ready())
+            if not ready and merge.buffered() > self.max_buffered:
+                raise OrderingError(
+                    f"{merge.buffered()} messages buffered while waiting for {merge.waiting_for} "
+                    f"(max_buffered={self.max_buffered})"
+                )
+        return ready.popleft()

@@ -1,0 +1,426 @@
+"""One domain's sequencer (extended ATOP, seed 002 §3): numbers, distributions, fillers, epochs.
+
+* **Numbers**: ranges, dense from 1 across epochs. A range is journaled before the
+  answer leaves, so a restarted sequencer continues after the last number handed out.
+* **Epochs**: every start is a new epoch. Ranges handed out and never reported
+  published (an answer lost in the crash, a client that died) are *filled*: unless a
+  client claims them within ``FILL_AFTER_MS``, one skip marker per range takes their
+  slots, so receivers never wait for numbers nobody will send.
+* **Distributions** (§3.2.2): the leader weighs the domains by the numbers each handed
+  out over the last interval, publishes the distribution on the total-order topic (the
+  brokers acknowledge it), installs it on every other sequencer and only then on itself;
+  a sequencer stamps only with the distribution installed on it, so no newer number
+  carries an older id.
+* **Fillers** (§3.3): every ``SHARE_CHECK_MS`` the sequencer compares its domain's share
+  of all slots handed out since the distribution was installed with the domain's weight
+  and fills the deficit with dummies or one skip marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from sokutatsu.client import Publisher
+from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
+from sokutatsu.ordering import Distribution, equal_weights, share_deficit, weights_from_counts
+from sokutatsu.ordering.wire import distribution_from_message as to_distribution
+from sokutatsu.ordering.wire import distribution_message as to_message
+from sokutatsu.sequencer.journal import HandedRange, Journal
+from sokutatsu.sequencer.settings import SequencerSettings
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
+
+log = logging.getLogger("sokutatsu.sequencer")
+
+RPC_TIMEOUT = 2.0
+# Routing keys of the messages sequencers publish themselves (ordered subscribers take every key).
+DISTRIBUTION_KEY = "_sokutatsu.distribution"
+
+
+@dataclass(slots=True)
+class _Owned:
+    """An unsettled range and who holds it (empty client: nobody, since ``orphaned_at``)."""
+
+    handed: HandedRange
+    client: str = ""
+    orphaned_at: float | None = None
+
+
+@dataclass
+class _ShareWindow:
+    """Slot counts since the installed distribution, for the filler."""
+
+    distribution_id: int = 0
+    own_start: int = 0
+    peer_start: dict[str, int] = field(default_factory=dict)
+    peer_now: dict[str, int] = field(default_factory=dict)
+
+
+class Sequencer:
+    def __init__(self, settings: SequencerSettings) -> None:
+        self.settings = settings
+        self.domain = settings.domain
+        self.journal = Journal(settings.state_dir / settings.domain, fsync=settings.fsync)
+        self.epoch = 0
+        self.last_seq = 0
+        self.distribution: Distribution | None = None
+        self.distribution_message: sequencer_pb2.Distribution | None = None
+        self.owned: dict[int, _Owned] = {}
+        self.dummy_slots = 0
+        self.skip_markers = 0
+        self.skip_slots = 0
+        self.filled_ranges = 0
+        self._changed = asyncio.Condition()
+        self._window = _ShareWindow()
+        self._publisher: Publisher | None = None
+        self._channels: dict[str, aio.Channel] = {}
+        self._leader_counts: dict[str, int] = {}
+        self._rate_mark = (time.monotonic(), 0)
+        self._filler_key = f"_sokutatsu.filler.{self.domain}"
+        self._stamped_distribution = 0  # the distribution id of the last number handed out
+        self._closed = False
+
+    # ------------------------------------------------------------- lifecycle --
+    async def start(self) -> None:
+        recovered = self.journal.open()
+        self.epoch = recovered.epoch + 1
+        self.last_seq = recovered.last_seq
+        self.journal.begin_epoch(self.epoch, self.last_seq)
+        self._rate_mark = (time.monotonic(), self.last_seq)
+        now = time.monotonic()
+        self.owned = {first: _Owned(r, "", now) for first, r in recovered.unsettled.items()}
+        saved = self.journal.load_distribution()
+        if saved is not None:
+            message = sequencer_pb2.Distribution.FromString(saved)
+            self._set_distribution(message)
+        if self.settings.brokers:
+            self._publisher = Publisher(
+                list(self.settings.brokers), f"sequencer-{self.domain}-e{self.epoch}-{os.getpid()}"
+            )
+            await self._publisher.start()
+        log.info(
+            "domain %s: epoch %d starts after seq %d; %d unsettled ranges to claim or fill; distribution %s",
+            self.domain,
+            self.epoch,
+            self.last_seq,
+            len(self.owned),
+            self.distribution.id if self.distribution else "none yet",
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._notify()
+        if self._publisher is not None:
+            with contextlib.suppress(Exception):
+                await self._publisher.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self.journal.close()
+
+    # -------------------------------------------------------------- stamping --
+    def stamp(self, count: int, client: str, domain: str) -> sequencer_pb2.SequenceRange:
+        if domain and domain != self.domain:
+            raise NotFound(f"this sequencer hands out numbers for domain {self.domain!r}, not {domain!r}")
+        if not 1 <= count <= self.settings.max_range:
+            raise InvalidArgument(
+                f"a stamp request asks for 1 to {self.settings.max_range} numbers (SOKUTATSU_SEQUENCER_MAX_RANGE), "
+                f"not {count}"
+            )
+        distribution = self.distribution
+        if distribution is None:
+            raise Unavailable(f"domain {self.domain}: no distribution installed yet; the leader installs one")
+        handed = HandedRange(self.last_seq + 1, count, distribution.id, self.epoch)
+        self._stamped_distribution = distribution.id
+        self.journal.handed(handed)
+        self.last_seq = handed.last
+        self.owned[handed.first] = _Owned(handed, client)
+        return sequencer_pb2.SequenceRange(
+            distribution_id=handed.distribution_id,
+            domain=self.domain,
+            epoch=handed.epoch,
+            first_seq=handed.first,
+            count=count,
+        )
+
+    def settle(self, firsts: Iterable[int]) -> None:
+        done = [first for first in firsts if self.owned.pop(first, None) is not None]
+        self.journal.settled(done)
+        self.journal.maybe_compact(self.epoch, self.last_seq, {f: o.handed for f, o in self.owned.items()})
+
+    def claim(self, ranges: Iterable[sequencer_pb2.SequenceRange], client: str) -> None:
+        for claimed in ranges:
+            owned = self.owned.get(claimed.first_seq)
+            if owned is not None and owned.handed.count == claimed.count:
+                owned.client, owned.orphaned_at = client, None
+
+    def stream_ended(self, client: str, firsts: Iterable[int]) -> None:
+        """The client's stream ended: what it held and did not report published may never come."""
+        now = time.monotonic()
+        for first in firsts:
+            owned = self.owned.get(first)
+            if owned is not None and owned.client == client:
+                owned.client, owned.orphaned_at = "", now
+
+    # --------------------------------------------------------- distributions --
+    def _set_distribution(self, message: sequencer_pb2.Distribution) -> None:
+        self.distribution = to_distribution(message)
+        self.distribution_message = message
+        self._window = _ShareWindow(message.id, self.last_seq)
+
+    async def install(self, message: sequencer_pb2.Distribution) -> int:
+        """Install ``message`` unless a newer one is in force; return the id in force."""
+        distribution = to_distribution(message)  # raises ValueError on bad weights
+        if self.domain not in distribution.domains:
+            raise InvalidArgument(f"distribution {message.id} has no weight for domain {self.domain!r}")
+        if self.distribution is not None and message.id <= self.distribution.id:
+            return self.distribution.id
+        self.journal.save_distribution(message.SerializeToString())
+        self._set_distribution(message)
+        await self._notify()
+        log.info("domain %s: distribution %d installed %s", self.domain, message.id, distribution.weights)
+        return message.id
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def watch(self) -> AsyncIterator[sequencer_pb2.Distribution]:
+        sent = 0
+        while not self._closed:
+            message = self.distribution_message
+            if message is not None and message.id > sent:
+                sent = message.id
+                yield message
+            async with self._changed:
+                await self._changed.wait_for(functools.partial(self._changed_since, sent))
+
+    def _changed_since(self, sent: int) -> bool:
+        message = self.distribution_message
+        return self._closed or (message is not None and message.id > sent)
+
+    def send_rate(self) -> float:
+        """Numbers per second handed out since the previous call."""
+        now = time.monotonic()
+        then, before = self._rate_mark
+        self._rate_mark = (now, self.last_seq)
+        return (self.last_seq - before) / max(1e-3, now - then)
+
+    def status(self) -> sequencer_pb2.SequencerStatus:
+        status = sequencer_pb2.SequencerStatus(
+            domain=self.domain,
+            leader=self.settings.leader,
+            epoch=self.epoch,
+            last_seq=self.last_seq,
+            dummy_slots=self.dummy_slots,
+            skip_markers=self.skip_markers,
+            skip_slots=self.skip_slots,
+            outstanding_ranges=len(self.owned),
+            filled_ranges=self.filled_ranges,
+        )
+        if self.distribution_message is not None:
+            status.distribution.CopyFrom(self.distribution_message)
+        return status
+
+    def _stub(self, address: str) -> sequencer_pb2_grpc.SequencerAsyncStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio.insecure_channel(address)
+        return sequencer_pb2_grpc.SequencerStub(channel)
+
+    async def run_leader(self) -> None:
+        """Every interval: weigh, publish, install on the others, then on itself."""
+        interval = self.settings.distribution_interval_ms / 1000
+        domains = sorted({self.domain, *(peer.domain for peer in self.settings.peers)})
+        if self.distribution is None:
+            # The first distribution: equal weights, so stamping can begin at once.
+            highest = await self._highest_distribution_id()
+            await self._announce(Distribution(highest + 1, equal_weights(domains)))
+        started = time.monotonic()
+        while not self._closed:
+            await asyncio.sleep(interval)
+            counts = await self._interval_counts()
+            elapsed = max(1e-3, time.monotonic() - started)
+            started = time.monotonic()
+            total_rate = sum(counts.values()) / elapsed
+            current = self.distribution.id if self.distribution else 0
+            highest = max(current, await self._highest_distribution_id())
+            weights = weights_from_counts(counts, self.settings.min_weight_ppm)
+            await self._announce(Distribution(highest + 1, weights, total_rate))
+
+    async def _highest_distribution_id(self) -> int:
+        highest = self.distribution.id if self.distribution else 0
+        for peer in self.settings.peers:
+            with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+                status = await self._stub(peer.address).GetStatus(sequencer_pb2.GetStatusRequest(), timeout=RPC_TIMEOUT)
+                highest = max(highest, status.distribution.id)
+        return highest
+
+    async def _interval_counts(self) -> dict[str, int]:
+        """Numbers each domain handed out since the last call (0 for a domain that did not answer)."""
+        now: dict[str, int] = {self.domain: self.last_seq}
+        for peer in self.settings.peers:
+            try:
+                rate = await self._stub(peer.address).GetSendRate(
+                    sequencer_pb2.GetSendRateRequest(interval_ms=self.settings.distribution_interval_ms),
+                    timeout=RPC_TIMEOUT,
+                )
+                now[peer.domain] = rate.last_seq
+            except (TimeoutError, grpc.RpcError) as error:
+                log.warning("leader: sequencer of domain %s did not report its count: %s", peer.domain, error)
+        counts = {}
+        for domain in sorted({self.domain, *(peer.domain for peer in self.settings.peers)}):
+            if domain in now:
+                before = self._leader_counts.get(domain, now[domain])
+                counts[domain] = max(0, now[domain] - before)
+                self._leader_counts[domain] = now[domain]
+            else:
+                counts[domain] = 0
+        return counts
+
+    async def _announce(self, distribution: Distribution) -> None:
+        message = to_message(distribution)
+        # Persist the id first: a leader restarted after publishing never reuses it.
+        self.journal.save_distribution(message.SerializeToString())
+        if self._publisher is not None:
+            stamp = stamp_pb2.Stamp(distribution_id=distribution.id, kind=stamp_pb2.STAMP_KIND_DISTRIBUTION)
+            await self._publisher.publish(
+                self.settings.topic, DISTRIBUTION_KEY, message.SerializeToString(), stamp=stamp.SerializeToString()
+            )
+        request = sequencer_pb2.InstallDistributionRequest(distribution=message, leader=self.domain)
+
+        async def install_on(peer_domain: str, address: str) -> None:
+            try:
+                await self._stub(address).InstallDistribution(request, timeout=RPC_TIMEOUT)
+            except (TimeoutError, grpc.RpcError) as error:
+                log.warning(
+                    "leader: distribution %d not installed on domain %s: %s", distribution.id, peer_domain, error
+                )
+
+        await asyncio.gather(*(install_on(p.domain, p.address) for p in self.settings.peers))
+        self._set_distribution(message)  # on itself last (seed §3.2.2)
+        await self._notify()
+        log.info("leader: distribution %d in force %s", distribution.id, distribution.weights)
+
+    # --------------------------------------------------------------- fillers --
+    async def run_filler(self) -> None:
+        """Keep the domain's share of slots at its weight (seed §3.3), and show every new
+        distribution: a domain whose last number carries an older distribution id than the
+        one installed sends one filler slot with the new id, so receivers learn it is done
+        with the older one (otherwise an idle domain would hold them there for good)."""
+        if self._publisher is None:
+            return
+        interval = self.settings.share_check_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval)
+            distribution = self.distribution
+            if distribution is None:
+                continue
+            if self._stamped_distribution < distribution.id:
+                await self._fill_share(1)
+            if self.settings.filler == "off":
+                continue
+            others = await self._peer_slots(distribution.id)
+            if others is None:
+                continue
+            own = self.last_seq - self._window.own_start
+            deficit = min(share_deficit(distribution.weight(self.domain), own, others), self.settings.max_range)
+            if deficit > 0:
+                await self._fill_share(deficit)
+
+    async def _peer_slots(self, distribution_id: int) -> int | None:
+        """Slots the other domains handed out since this domain installed ``distribution_id``."""
+        window = self._window
+        if window.distribution_id != distribution_id:
+            return None
+        for peer in self.settings.peers:
+            try:
+                status = await self._stub(peer.address).GetStatus(
+                    sequencer_pb2.GetStatusRequest(), timeout=self.settings.share_check_ms / 1000
+                )
+            except (TimeoutError, grpc.RpcError):
+                continue
+            if status.distribution.id < distribution_id:
+                continue  # not installed there yet: its numbers so far belong to the older one
+            window.peer_start.setdefault(peer.domain, status.last_seq)
+            window.peer_now[peer.domain] = status.last_seq
+        return sum(window.peer_now[d] - window.peer_start[d] for d in window.peer_now)
+
+    async def _fill_share(self, slots: int) -> None:
+        if self._publisher is None:
+            return
+        handed = self.stamp(slots, f"sequencer-{self.domain}", "")
+        if self.settings.filler != "dummies":
+            self.skip_markers += 1
+            self.skip_slots += slots
+            stamps = [self._filler_stamp(handed, stamp_pb2.STAMP_KIND_SKIP, handed.first_seq, slots)]
+        else:
+            self.dummy_slots += slots
+            stamps = [
+                self._filler_stamp(handed, stamp_pb2.STAMP_KIND_DUMMY, seq, 1)
+                for seq in range(handed.first_seq, handed.first_seq + slots)
+            ]
+        last = 0
+        for stamp in stamps:
+            last = self._publisher.publish_nowait(
+                self.settings.topic, self._filler_key, b"", stamp=stamp.SerializeToString()
+            )
+        await self._publisher.wait_acked(last)
+        self.settle([handed.first_seq])
+
+    def _filler_stamp(
+        self, handed: sequencer_pb2.SequenceRange, kind: stamp_pb2.StampKind.ValueType, seq: int, slots: int
+    ) -> stamp_pb2.Stamp:
+        return stamp_pb2.Stamp(
+            distribution_id=handed.distribution_id,
+            domain=self.domain,
+            epoch=handed.epoch,
+            seq=seq,
+            kind=kind,
+            slots=slots,
+        )
+
+    async def run_orphan_filler(self) -> None:
+        """Fill ranges nobody claimed ``FILL_AFTER_MS`` after they were orphaned."""
+        if self._publisher is None:
+            return
+        delay = self.settings.fill_after_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(min(delay, 0.1))
+            now = time.monotonic()
+            due = [o for o in self.owned.values() if o.orphaned_at is not None and now - o.orphaned_at >= delay]
+            if not due:
+                continue
+            last = 0
+            for owned in due:
+                handed = owned.handed
+                stamp = stamp_pb2.Stamp(
+                    distribution_id=handed.distribution_id,
+                    domain=self.domain,
+                    epoch=handed.epoch,
+                    seq=handed.first,
+                    kind=stamp_pb2.STAMP_KIND_SKIP,
+                    slots=handed.count,
+                )
+                last = self._publisher.publish_nowait(
+                    self.settings.topic, self._filler_key, b"", stamp=stamp.SerializeToString()
+                )
+                log.warning(
+                    "domain %s: range %d..%d (epoch %d) was not claimed within %.1fs: filled with a skip marker",
+                    self.domain,
+                    handed.first,
+                    handed.last,
+                    handed.epoch,
+                    delay,
+                )
+            await self._publisher.wait_acked(last)
+            self.filled_ranges += len(due)
+            self.settle([owned.handed.first for owned in due])

@@ -1,0 +1,78 @@
+"""The sequencer's gRPC servicer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpc import aio
+
+from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.sequencer.sequencer import Sequencer
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
+
+SERVICE = "sokutatsu.sequencer.v1.Sequencer"
+
+
+class SequencerService(sequencer_pb2_grpc.SequencerServicer):
+    def __init__(self, sequencer: Sequencer) -> None:
+        self.sequencer = sequencer
+
+    async def Stamp(
+        self, request_iterator: AsyncIterator[sequencer_pb2.StampRequest], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[sequencer_pb2.StampResponse]:
+        sequencer = self.sequencer
+        client = ""
+        held: list[int] = []
+        try:
+            async for request in request_iterator:
+                client = client or request.client_id or context.peer()
+                if request.claims:
+                    sequencer.claim(request.claims, client)
+                    held.extend(claimed.first_seq for claimed in request.claims)
+                if request.published:
+                    sequencer.settle(request.published)
+                if request.count == 0:
+                    if not request.claims and not request.published:
+                        raise InvalidArgument("a stamp request asks for at least 1 number")
+                    continue
+                stamped = sequencer.stamp(request.count, client, request.domain)
+                held.append(stamped.first_seq)
+                if len(held) > 4096:
+                    held = [first for first in held if first in sequencer.owned]
+                yield sequencer_pb2.StampResponse(request_id=request.request_id, range=stamped)
+        finally:
+            sequencer.stream_ended(client, held)
+
+    async def WatchDistributions(
+        self, request: sequencer_pb2.WatchDistributionsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[sequencer_pb2.Distribution]:
+        async for distribution in self.sequencer.watch():
+            yield distribution
+
+    async def InstallDistribution(
+        self, request: sequencer_pb2.InstallDistributionRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sequencer_pb2.InstallDistributionResponse:
+        if not request.HasField("distribution"):
+            raise InvalidArgument("InstallDistribution needs a distribution")
+        try:
+            installed = await self.sequencer.install(request.distribution)
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+        return sequencer_pb2.InstallDistributionResponse(installed_id=installed)
+
+    async def GetSendRate(
+        self, request: sequencer_pb2.GetSendRateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sequencer_pb2.GetSendRateResponse:
+        sequencer = self.sequencer
+        return sequencer_pb2.GetSendRateResponse(
+            domain=sequencer.domain,
+            messages_per_second=sequencer.send_rate(),
+            last_seq=sequencer.last_seq,
+            epoch=sequencer.epoch,
+        )
+
+    async def GetStatus(
+        self, request: sequencer_pb2.GetStatusRequest, context: aio.ServicerContext[Any, Any]
+    ) -> sequencer_pb2.SequencerStatus:
+        return self.sequencer.status()
