@@ -93,7 +93,8 @@ async def _feed(  # noqa: PLR0917 - test helper: who publishes, where, how many,
             except TimeoutError:
                 raise AssertionError(
                     f"{name}: {n} messages not acknowledged; queue {len(pub._queue)}, acks {len(pub._acks)}, "
-                    f"ranges {pub.ranges}, failure {pub._failure!r}, publisher acked {pub.publisher._acked} "
+                    f"ranges {pub.ranges}, failure {pub._failure!r}, stamping task {_task_state(pub._task)}, "
+                    f"publisher acked {pub.publisher._acked} "
                     f"of {pub.publisher.last_seq}"
                 ) from None
             numbers.extend(stamp.seq for stamp in stamps)
@@ -102,6 +103,12 @@ async def _feed(  # noqa: PLR0917 - test helper: who publishes, where, how many,
                 await pause(sent)
             await asyncio.sleep(rng.random() * 0.02)
     return numbers
+
+
+def _task_state(task: asyncio.Task[None] | None) -> str:
+    if task is None or not task.done():
+        return "running"
+    return "cancelled" if task.cancelled() else f"died: {task.exception()!r}"
 
 
 def _check_same_order(readers: list[Reader], sent: dict[str, list[int]]) -> None:

@@ -163,6 +163,9 @@ class OrderedPublisher:
                     self._fail(SequencerError(error.code(), error.details() or ""))
                     return
                 log.info("sequencer %s: %s; reconnecting", self.sequencer, error.code().name)
+            except (aio.UsageError, asyncio.InvalidStateError, ConnectionError) as error:
+                # The stream died under a read or write in a way grpc.aio does not report as a status.
+                log.info("sequencer %s: stream broke (%r); reconnecting", self.sequencer, error)
             await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, call: _StampCall, backoff: Backoff) -> None:
