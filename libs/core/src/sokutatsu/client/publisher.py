@@ -227,24 +227,21 @@ class Publisher:
         """Publish one message and wait until the brokers hold it; return its sequence number."""
         await self.wait_for_room()
         seq = self.publish_nowait(topic, key, body, headers, persistent, stamp=stamp)
-        await self._wait_acked(seq)
+        await self.wait_acked(seq)
         return seq
 
     async def wait_for_room(self) -> None:
         """Wait until fewer than ``max_pending`` messages wait for acknowledgement, so that
         :meth:`publish_nowait` will not raise :class:`BufferFull` (back-pressure without a drain)."""
         while len(self._pending) - self._pending_start >= self.max_pending:
-            await self._wait_acked(self._pending[self._pending_start].seq)
+            await self.wait_acked(self._pending[self._pending_start].seq)
 
     async def flush(self) -> None:
         """Wait until every message handed over so far is acknowledged."""
-        await self._wait_acked(self.last_seq)
+        await self.wait_acked(self.last_seq)
 
     async def wait_acked(self, seq: int) -> None:
         """Wait until message ``seq`` (a number :meth:`publish_nowait` returned) is acknowledged."""
-        await self._wait_acked(seq)
-
-    async def _wait_acked(self, seq: int) -> None:
         if self._failure is not None:
             raise self._failure
         if seq <= self._acked:
