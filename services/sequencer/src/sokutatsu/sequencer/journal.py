@@ -58,7 +58,7 @@ class Journal:
         """Read what an earlier run left, compact it, and keep the file open for appends."""
         self.folder.mkdir(parents=True, exist_ok=True)
         recovered = self._read()
-        self._rewrite(recovered.epoch, recovered.last_seq, recovered.unsettled)
+        self.rewrite(recovered.epoch, recovered.last_seq, recovered.unsettled)
         return recovered
 
     def _read(self) -> Recovered:
@@ -79,7 +79,8 @@ class Journal:
                     unsettled.pop(a, None)
         return Recovered(epoch, last_seq, unsettled)
 
-    def _rewrite(self, epoch: int, last_seq: int, unsettled: dict[int, HandedRange]) -> None:
+    def rewrite(self, epoch: int, last_seq: int, unsettled: dict[int, HandedRange]) -> None:
+        """Replace the file with one ``E`` record and the unsettled ranges."""
         tmp = self.path.with_suffix(".tmp")
         records = [_RECORD.pack(b"E", epoch, last_seq, 0, 0)]
         records += [_RECORD.pack(b"H", r.first, r.count, r.distribution_id, r.epoch) for r in unsettled.values()]
@@ -108,9 +109,9 @@ class Journal:
         if firsts:
             self._append(b"".join(_RECORD.pack(b"S", first, 0, 0, 0) for first in firsts))
 
-    def maybe_compact(self, epoch: int, last_seq: int, unsettled: dict[int, HandedRange]) -> None:
-        if self._appended >= _COMPACT_AFTER:
-            self._rewrite(epoch, last_seq, unsettled)
+    @property
+    def needs_compaction(self) -> bool:
+        return self._appended >= _COMPACT_AFTER
 
     def _append(self, record: bytes) -> None:
         os.write(self._fd, record)

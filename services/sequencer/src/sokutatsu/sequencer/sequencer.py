@@ -154,7 +154,8 @@ class Sequencer:
     def settle(self, firsts: Iterable[int]) -> None:
         done = [first for first in firsts if self.owned.pop(first, None) is not None]
         self.journal.settled(done)
-        self.journal.maybe_compact(self.epoch, self.last_seq, {f: o.handed for f, o in self.owned.items()})
+        if self.journal.needs_compaction:
+            self.journal.rewrite(self.epoch, self.last_seq, {f: o.handed for f, o in self.owned.items()})
 
     def claim(self, ranges: Iterable[sequencer_pb2.SequenceRange], client: str) -> None:
         for claimed in ranges:
@@ -162,12 +163,12 @@ class Sequencer:
             if owned is not None and owned.handed.count == claimed.count:
                 owned.client, owned.orphaned_at = client, None
 
-    def stream_ended(self, client: str, firsts: Iterable[int]) -> None:
-        """The client's stream ended: what it held and did not report published may never come."""
+    def stream_ended(self, client: str) -> None:
+        """The client's stream ended: what it held and did not report published may never come
+        (a new stream of the same client claims it back)."""
         now = time.monotonic()
-        for first in firsts:
-            owned = self.owned.get(first)
-            if owned is not None and owned.client == client:
+        for owned in self.owned.values():
+            if owned.client == client:
                 owned.client, owned.orphaned_at = "", now
 
     # --------------------------------------------------------- distributions --
@@ -358,35 +359,36 @@ class Sequencer:
         if self._publisher is None:
             return
         handed = self.stamp(slots, f"sequencer-{self.domain}", "")
+        first, distribution_id = handed.first_seq, handed.distribution_id
         if self.settings.filler != "dummies":
             self.skip_markers += 1
             self.skip_slots += slots
-            stamps = [self._filler_stamp(handed, stamp_pb2.STAMP_KIND_SKIP, handed.first_seq, slots)]
+            stamps = [self._filler_stamp(distribution_id, handed.epoch, first, stamp_pb2.STAMP_KIND_SKIP, slots)]
         else:
             self.dummy_slots += slots
             stamps = [
-                self._filler_stamp(handed, stamp_pb2.STAMP_KIND_DUMMY, seq, 1)
-                for seq in range(handed.first_seq, handed.first_seq + slots)
+                self._filler_stamp(distribution_id, handed.epoch, seq, stamp_pb2.STAMP_KIND_DUMMY, 1)
+                for seq in range(first, first + slots)
             ]
+        await self._publish_fillers(stamps)
+        self.settle([first])
+
+    def _filler_stamp(
+        self, distribution_id: int, epoch: int, seq: int, kind: stamp_pb2.StampKind.ValueType, slots: int
+    ) -> stamp_pb2.Stamp:
+        return stamp_pb2.Stamp(
+            distribution_id=distribution_id, domain=self.domain, epoch=epoch, seq=seq, kind=kind, slots=slots
+        )
+
+    async def _publish_fillers(self, stamps: list[stamp_pb2.Stamp]) -> None:
+        """Publish filler messages and wait until both brokers hold them."""
+        assert self._publisher is not None  # noqa: S101 - callers return early without brokers
         last = 0
         for stamp in stamps:
             last = self._publisher.publish_nowait(
                 self.settings.topic, self._filler_key, b"", stamp=stamp.SerializeToString()
             )
         await self._publisher.wait_acked(last)
-        self.settle([handed.first_seq])
-
-    def _filler_stamp(
-        self, handed: sequencer_pb2.SequenceRange, kind: stamp_pb2.StampKind.ValueType, seq: int, slots: int
-    ) -> stamp_pb2.Stamp:
-        return stamp_pb2.Stamp(
-            distribution_id=handed.distribution_id,
-            domain=self.domain,
-            epoch=handed.epoch,
-            seq=seq,
-            kind=kind,
-            slots=slots,
-        )
 
     async def run_orphan_filler(self) -> None:
         """Fill ranges nobody claimed ``FILL_AFTER_MS`` after they were orphaned."""
@@ -399,20 +401,8 @@ class Sequencer:
             due = [o for o in self.owned.values() if o.orphaned_at is not None and now - o.orphaned_at >= delay]
             if not due:
                 continue
-            last = 0
             for owned in due:
                 handed = owned.handed
-                stamp = stamp_pb2.Stamp(
-                    distribution_id=handed.distribution_id,
-                    domain=self.domain,
-                    epoch=handed.epoch,
-                    seq=handed.first,
-                    kind=stamp_pb2.STAMP_KIND_SKIP,
-                    slots=handed.count,
-                )
-                last = self._publisher.publish_nowait(
-                    self.settings.topic, self._filler_key, b"", stamp=stamp.SerializeToString()
-                )
                 log.warning(
                     "domain %s: range %d..%d (epoch %d) was not claimed within %.1fs: filled with a skip marker",
                     self.domain,
@@ -421,6 +411,17 @@ class Sequencer:
                     handed.epoch,
                     delay,
                 )
-            await self._publisher.wait_acked(last)
+            await self._publish_fillers(
+                [
+                    self._filler_stamp(
+                        o.handed.distribution_id,
+                        o.handed.epoch,
+                        o.handed.first,
+                        stamp_pb2.STAMP_KIND_SKIP,
+                        o.handed.count,
+                    )
+                    for o in due
+                ]
+            )
             self.filled_ranges += len(due)
             self.settle([owned.handed.first for owned in due])

@@ -23,13 +23,11 @@ class SequencerService(sequencer_pb2_grpc.SequencerServicer):
     ) -> AsyncIterator[sequencer_pb2.StampResponse]:
         sequencer = self.sequencer
         client = ""
-        held: list[int] = []
         try:
             async for request in request_iterator:
                 client = client or request.client_id or context.peer()
                 if request.claims:
                     sequencer.claim(request.claims, client)
-                    held.extend(claimed.first_seq for claimed in request.claims)
                 if request.published:
                     sequencer.settle(request.published)
                 if request.count == 0:
@@ -37,12 +35,9 @@ class SequencerService(sequencer_pb2_grpc.SequencerServicer):
                         raise InvalidArgument("a stamp request asks for at least 1 number")
                     continue
                 stamped = sequencer.stamp(request.count, client, request.domain)
-                held.append(stamped.first_seq)
-                if len(held) > 4096:
-                    held = [first for first in held if first in sequencer.owned]
                 yield sequencer_pb2.StampResponse(request_id=request.request_id, range=stamped)
         finally:
-            sequencer.stream_ended(client, held)
+            sequencer.stream_ended(client)
 
     async def WatchDistributions(
         self, request: sequencer_pb2.WatchDistributionsRequest, context: aio.ServicerContext[Any, Any]
