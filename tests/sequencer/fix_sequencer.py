@@ -8,8 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +16,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
-
-START_LIMIT_SECONDS = 30.0
+from tests.helpers import ensure_stopped, start_service
 
 # Quicker than the defaults so tests wait less; the logic is the same.
 TEST_SETTINGS = {
@@ -43,39 +40,27 @@ class SequencerProcess:
     folder: Path
     address: str
     env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[str] | None = None
     starts: int = 0
 
     def start(self) -> None:
-        announce = self.folder / "announce.json"
-        announce.unlink(missing_ok=True)
         self.starts += 1
-        log = (self.folder / f"sequencer-{self.starts}.log").open("wb")
+        run = self.folder / f"run{self.starts}"  # one log per start, kept for the failure message
+        run.mkdir()
         env = {
-            **os.environ,
             **TEST_SETTINGS,
             "SOKUTATSU_SEQUENCER_LISTEN": self.address,
             "SOKUTATSU_SEQUENCER_INSTANCE": f"seq-{self.domain}",
             "SOKUTATSU_SEQUENCER_DOMAIN": self.domain,
             "SOKUTATSU_SEQUENCER_STATE_DIR": str(self.folder / "state"),
-            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
             # A test session killed by its timeout takes its sequencers with it.
             "SOKUTATSU_PARENT_PID": str(os.getpid()),
             **self.env,
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sokutatsu.sequencer"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        deadline = time.monotonic() + START_LIMIT_SECONDS
-        while not announce.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"sequencer {self.domain} did not start: {self.log()}")
-            time.sleep(0.02)
+        self.process = start_service("sokutatsu.sequencer", env, run).process
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("sequencer-*.log")))
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("run*/*.log")))
 
     def kill9(self) -> None:
         assert self.process is not None
@@ -83,14 +68,8 @@ class SequencerProcess:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            ensure_stopped(self.process)
 
     async def status(self) -> sequencer_pb2.SequencerStatus:
         async with aio.insecure_channel(self.address) as channel:
