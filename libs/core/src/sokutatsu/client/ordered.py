@@ -70,6 +70,7 @@ class OrderedPublisher:
         domain: str = "",
         client_id: str | None = None,
         max_batch: int = 10_000,
+        stamp_timeout: float = 10.0,
         publisher: Publisher | None = None,
     ) -> None:
         if max_batch < 1:
@@ -79,6 +80,7 @@ class OrderedPublisher:
         self.domain = domain
         self.client_id = client_id or f"ordered-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.max_batch = max_batch
+        self.stamp_timeout = stamp_timeout
         self._own_publisher = publisher is None
         self.publisher = publisher or Publisher(brokers, f"{self.client_id}")
         self._queue: deque[_Waiting] = deque()
@@ -200,7 +202,15 @@ class OrderedPublisher:
                 published=self._take_unreported(),
             )
             await write_frame(call, request)
-            response = await call.read()
+            try:
+                response = await asyncio.wait_for(call.read(), self.stamp_timeout)
+            except TimeoutError:
+                # A sequencer that stops answering is treated like one that went away: the
+                # range it may have handed out is filled for lack of a claim, and the batch is
+                # stamped again on a new stream.
+                call.cancel()
+                log.warning("sequencer %s: no stamp within %gs; reconnecting", self.sequencer, self.stamp_timeout)
+                raise StreamEnded from None
             if response is aio.EOF:
                 await raise_status(call)
                 raise StreamEnded
