@@ -242,6 +242,22 @@ async def test_numbers_a_dead_client_took_are_filled_and_delivery_goes_on(
     _check_same_order(readers, {"a": sorted(first + later), "b": sorted(other)})
 
 
+async def test_back_to_back_publishes_each_waiting_for_the_last_never_stall(
+    pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory
+) -> None:
+    """Publishing the next message as soon as the last is acknowledged lands it while the
+    publisher reports the last range published to the sequencer: it must still be stamped
+    (it used to wait forever, its wake-up cleared after that report)."""
+    pair = await pair_factory()
+    group = sequencer_group(["a"], pair.addresses, TOPIC)
+    async with ordered_group(pair, group, readers=1) as readers:
+        async with OrderedPublisher(group["a"].address, pair.addresses, TOPIC, domain="a", client_id="eager") as pub:
+            stamps = [await asyncio.wait_for(pub.publish("k", f"m{i}".encode()), 30) for i in range(300)]
+        await _wait_all(readers, 300, group)
+    assert [s.seq for s in stamps] == sorted({s.seq for s in stamps})
+    _check_same_order(readers, {"a": [s.seq for s in stamps]})
+
+
 async def test_bad_stamp_requests_get_a_status_a_person_can_act_on(
     pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory
 ) -> None:

@@ -168,6 +168,10 @@ class OrderedPublisher:
             except (aio.UsageError, asyncio.InvalidStateError, ConnectionError) as error:
                 # The stream died under a read or write in a way grpc.aio does not report as a status.
                 log.info("sequencer %s: stream broke (%r); reconnecting", self.sequencer, error)
+            except ClientError as error:
+                # The broker publisher failed for good (closed, or refused the topic).
+                self._fail(error)
+                return
             await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, call: _StampCall, backoff: Backoff) -> None:
@@ -189,10 +193,13 @@ class OrderedPublisher:
                         call,
                         sequencer_pb2.StampRequest(client_id=self.client_id, published=self._take_unreported()),
                     )
+                    continue  # messages may have come during the write: look again before sleeping
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = [self._queue[i] for i in range(min(self.max_batch, len(self._queue)))]
+            # Stamp no more than the publisher takes now: stamped numbers must go out at once.
+            await self.publisher.wait_for_room()
+            batch = [self._queue[i] for i in range(min(self.max_batch, len(self._queue), self.publisher.room))]
             self._request_id += 1
             request = sequencer_pb2.StampRequest(
                 request_id=self._request_id,

@@ -230,10 +230,15 @@ class Publisher:
         await self.wait_acked(seq)
         return seq
 
+    @property
+    def room(self) -> int:
+        """How many more messages :meth:`publish_nowait` takes before it raises :class:`BufferFull`."""
+        return self.max_pending - (len(self._pending) - self._pending_start)
+
     async def wait_for_room(self) -> None:
         """Wait until fewer than ``max_pending`` messages wait for acknowledgement, so that
         :meth:`publish_nowait` will not raise :class:`BufferFull` (back-pressure without a drain)."""
-        while len(self._pending) - self._pending_start >= self.max_pending:
+        while self.room <= 0:
             await self.wait_acked(self._pending[self._pending_start].seq)
 
     async def flush(self) -> None:
