@@ -50,8 +50,10 @@ async def test_with_the_monitor_down_the_brokers_keep_delivering_as_assigned_and
         monitor.start()
         # (Each broker's statistics arrive on their own stream: until both have, the view is partial.)
         await monitor.until(
-            lambda s: {(a.subscriber_id, a.broker_id) for a in s.assignments}
-            >= {("slow", "broker-b"), ("normal", "broker-a")},
+            lambda s: (
+                {(a.subscriber_id, a.broker_id) for a in s.assignments}
+                >= {("slow", "broker-b"), ("normal", "broker-a")}
+            ),
             "the restarted monitor to see the slow subscriber on the standby and the normal one on the active",
         )
         await monitor.until(lambda s: bool(_moves(s, "slow")), "the recovered subscriber to move back")
