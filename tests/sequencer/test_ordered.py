@@ -41,6 +41,7 @@ class Reader:
         self.got: list[tuple[str, int]] = []
         self.expected = -1  # set by _wait_all
         self.done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None  # set by ordered_group
 
     async def run(self) -> None:
         async for message in self.sub:
@@ -60,7 +61,10 @@ async def ordered_group(
         await r.sub.start()
     for process in reversed(list(group.values())):  # the leader (first) last: its peers answer at once
         process.start()
-    tasks = [asyncio.create_task(r.run()) for r in subs]
+    tasks = []
+    for r in subs:
+        r.task = asyncio.create_task(r.run())
+        tasks.append(r.task)
     try:
         yield subs
     finally:
@@ -296,17 +300,12 @@ async def test_the_subscriber_refuses_a_stamp_it_cannot_order(
 ) -> None:
     pair = await pair_factory()
     group = sequencer_group(["a"], pair.addresses, TOPIC)
-    async with ordered_group(pair, group, readers=0):
-        reader = OrderedSubscriber(pair.addresses, "strict", TOPIC)
-        await reader.start()
-        try:
-            await until(_installed(group["a"]), "the first distribution")
-            # A hand-made stamp with a distribution id no leader announced.
-            bogus = stamp_pb2.Stamp(distribution_id=99, domain="a", epoch=1, seq=1, kind=stamp_pb2.STAMP_KIND_DATA)
-            async with Publisher(pair.addresses, "forger") as pub:
-                await pub.publish(TOPIC, "k", b"forged", stamp=bogus.SerializeToString())
-            with pytest.raises(OrderingError, match="distribution id 99"):
-                async for _ in reader:
-                    pass
-        finally:
-            await reader.close()
+    async with ordered_group(pair, group, readers=1) as [reader]:
+        await until(_installed(group["a"]), "the first distribution")
+        # A hand-made stamp with a distribution id no leader announced.
+        bogus = stamp_pb2.Stamp(distribution_id=99, domain="a", epoch=1, seq=1, kind=stamp_pb2.STAMP_KIND_DATA)
+        async with Publisher(pair.addresses, "forger") as pub:
+            await pub.publish(TOPIC, "k", b"forged", stamp=bogus.SerializeToString())
+        assert reader.task is not None
+        with pytest.raises(OrderingError, match="distribution id 99"):
+            await asyncio.wait_for(reader.task, 60)
