@@ -188,6 +188,27 @@ async def test_three_ordered_subscribers_agree_through_distribution_changes_and_
         assert merge.counters.dummies > 0
 
 
+async def test_when_every_domain_goes_quiet_receivers_get_the_tail_without_a_new_distribution(
+    pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory
+) -> None:
+    """Domains that sent their share and stopped: the random schedule still draws them before the
+    others' last messages. With one distribution for the whole test (an interval of an hour), only
+    the quiet domains' top-up lets the receivers reach the end."""
+    pair = await pair_factory()
+    group = sequencer_group(["a", "b", "c"], pair.addresses, TOPIC, distribution_interval_ms="3600000")
+    async with ordered_group(pair, group) as readers:
+        feeds = [
+            _feed(group, pair, domain, f"{domain}0", 600, random.Random(f"tail-{domain}"))  # noqa: S311
+            for domain in ("a", "b", "c")
+        ]
+        a, b, c = await asyncio.gather(*feeds)
+        await _wait_all(readers, 1800, group)
+        statuses = [await group[d].status() for d in ("a", "b", "c")]
+    _check_same_order(readers, {"a": a, "b": b, "c": c})
+    assert readers[0].sub.merge.counters.distributions == 1
+    assert {s.distribution.id for s in statuses} == {1}
+
+
 async def test_a_sequencer_killed_mid_stream_restarts_in_a_new_epoch_and_nothing_is_lost(
     pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory
 ) -> None:

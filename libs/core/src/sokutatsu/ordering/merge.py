@@ -82,10 +82,8 @@ class OrderedMerge(Generic[T]):
         self.skip_left: dict[str, int] = {}  # slots left of the skip marker at a domain's head
         self.counters = MergeCounters()
         self.waiting_for = ""  # the domain (or "distribution N") delivery is blocked on
-
-    @property
-    def newest_distribution(self) -> int:
-        return max(self.distributions, default=0)
+        self.newest_distribution = 0
+        self._buffered = 0
 
     def add_distribution(self, distribution: Distribution) -> None:
         known = self.distributions.get(distribution.id)
@@ -94,8 +92,9 @@ class OrderedMerge(Generic[T]):
                 f"distribution {distribution.id} announced twice with different weights: "
                 f"{known.weights} and {distribution.weights}"
             )
-        if known is None:
+        if known is None and distribution.id >= self.ordering:  # older ones are done with: not kept
             self.distributions[distribution.id] = distribution
+            self.newest_distribution = max(self.newest_distribution, distribution.id)
             self.counters.distributions += 1
 
     def add(self, entry: Entry[T]) -> None:
@@ -118,6 +117,7 @@ class OrderedMerge(Generic[T]):
             self.counters.duplicates += 1
             return
         buffer[entry.seq] = entry
+        self._buffered += 1
 
     def add_all(self, entries: Iterable[Entry[T]]) -> None:
         for entry in entries:
@@ -134,6 +134,7 @@ class OrderedMerge(Generic[T]):
                 return out
             domains = distribution.domains
             if len(self.done) >= len(domains) and self.done.issuperset(domains):
+                del self.distributions[self.ordering]
                 self.ordering += 1
                 self.position = 0
                 self.done.clear()
@@ -189,7 +190,8 @@ class OrderedMerge(Generic[T]):
 
     def _advance(self, domain: str, head: Entry[T]) -> None:
         del self.buffers[domain][head.seq]
+        self._buffered -= 1
         self.next_seq[domain] = head.seq + head.slots
 
     def buffered(self) -> int:
-        return sum(len(buffer) for buffer in self.buffers.values())
+        return self._buffered

@@ -13,7 +13,10 @@
   carries an older id.
 * **Fillers** (§3.3): every ``SHARE_CHECK_MS`` the sequencer compares its domain's share
   of all slots handed out since the distribution was installed with the domain's weight
-  and fills the deficit with dummies or one skip marker.
+  and fills the deficit with dummies or one skip marker. Beyond the seed, a domain that
+  handed out nothing since the last check while the others' clients sent tops up to
+  ``idle_deficit`` (its expected draws plus three spreads), so receivers do not wait at
+  one of its slots for the next distribution.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from grpc import aio
 
 from sokutatsu.client import Publisher
 from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
-from sokutatsu.ordering import Distribution, equal_weights, share_deficit, weights_from_counts
+from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_deficit, weights_from_counts
 from sokutatsu.ordering.wire import distribution_from_message as to_distribution
 from sokutatsu.ordering.wire import distribution_message as to_message
 from sokutatsu.sequencer.journal import HandedRange, Journal
@@ -63,6 +66,10 @@ class _ShareWindow:
     own_start: int = 0
     peer_start: dict[str, int] = field(default_factory=dict)
     peer_now: dict[str, int] = field(default_factory=dict)
+    # Numbers the other domains handed out to clients, fillers not counted (for the idle top-up).
+    peer_data: dict[str, int] = field(default_factory=dict)
+    own_before: int = 0  # last_seq at the previous check
+    topped_up_at: int = -1  # sum of peer_data when this domain last topped up while idle
 
 
 class Sequencer:
@@ -175,7 +182,10 @@ class Sequencer:
     def _set_distribution(self, message: sequencer_pb2.Distribution) -> None:
         self.distribution = to_distribution(message)
         self.distribution_message = message
-        self._window = _ShareWindow(message.id, self.last_seq)
+        before = self._window
+        self._window = _ShareWindow(
+            message.id, self.last_seq, peer_data=before.peer_data, topped_up_at=before.topped_up_at
+        )
 
     async def install(self, message: sequencer_pb2.Distribution) -> int:
         """Install ``message`` unless a newer one is in force; return the id in force."""
@@ -332,10 +342,19 @@ class Sequencer:
             others = await self._peer_slots(distribution.id)
             if others is None:
                 continue
-            own = self.last_seq - self._window.own_start
-            deficit = min(share_deficit(distribution.weight(self.domain), own, others), self.settings.max_range)
+            window = self._window
+            own = self.last_seq - window.own_start
+            weight = distribution.weight(self.domain)
+            deficit = share_deficit(weight, own, others)
+            peer_data = sum(window.peer_data.values())
+            if deficit <= 0 and self.last_seq == window.own_before and peer_data > window.topped_up_at:
+                # Quiet since the last check while the others sent: top up (see idle_deficit).
+                deficit = idle_deficit(weight, own, others)
+                window.topped_up_at = peer_data
+            deficit = min(deficit, self.settings.max_range)
             if deficit > 0:
                 await self._fill_share(deficit)
+            window.own_before = self.last_seq
 
     async def _peer_slots(self, distribution_id: int) -> int | None:
         """Slots the other domains handed out since this domain installed ``distribution_id``."""
@@ -353,6 +372,7 @@ class Sequencer:
                 continue  # not installed there yet: its numbers so far belong to the older one
             window.peer_start.setdefault(peer.domain, status.last_seq)
             window.peer_now[peer.domain] = status.last_seq
+            window.peer_data[peer.domain] = status.last_seq - status.dummy_slots - status.skip_slots
         return sum(window.peer_now[d] - window.peer_start[d] for d in window.peer_now)
 
     async def _fill_share(self, slots: int) -> None:
