@@ -262,6 +262,42 @@ def bench_slow_subscriber(
         raise typer.Exit(1)
 
 
+def bench_sequencer(
+    quick: Annotated[bool, typer.Option("--quick", help="Shorter runs, for a smoke run of about a minute.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+) -> None:
+    """Sequencer: numbers stamped per second by range size; ordered delivery msgs/s across 3 domains."""
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_sequencer import FULL, QUICK, run  # noqa: PLC0415
+
+    cfg = QUICK if quick else FULL
+    console.print(
+        f"bench sequencer ({'quick' if quick else 'full'}): stamp ranges of {', '.join(map(str, cfg.ranges))} "
+        f"for {cfg.stamp_seconds:g}s each, {cfg.window} requests in flight; then 3 domains x {cfg.messages:,} "
+        f"ordered messages of {cfg.size} bytes to {cfg.readers} ordered readers through the broker pair"
+    )
+    result = asyncio.run(run(cfg))
+    result["mode"] = "quick" if quick else "full"
+    for row in result["stamps"]["rows"]:
+        console.print(
+            f"  range {row['range']:>6,}{' fsync' if row['fsync'] else '      '}: {row['stamps_per_s']:>12,} stamps/s  "
+            f"{row['requests_per_s']:>8,} requests/s   CPU steal {row['cpu_steal_percent']}%"
+        )
+    ordered = result["ordered"]
+    console.print(
+        f"ordered: {ordered['msgs_per_s']:,} msgs/s (per reader {ordered['per_reader_msgs_per_s']}), "
+        f"same order {ordered['same_order']}, complete {ordered['complete']}, "
+        f"skip slots seen {[f['skip_slots'] for f in ordered['fillers']]}, "
+        f"CPU steal {ordered['cpu_steal_percent']}%"
+    )
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    print(json.dumps({k: result[k] for k in ("stamps_per_s", "ordered_msgs_per_s")}))  # noqa: T201
+    if not (ordered["same_order"] and ordered["complete"]):
+        raise typer.Exit(1)
+
+
 def bench_peers(
     quick: Annotated[
         bool, typer.Option("--quick", help="Shorter scenarios, for a smoke run of a few minutes.")
