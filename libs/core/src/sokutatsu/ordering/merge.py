@@ -123,59 +123,71 @@ class OrderedMerge(Generic[T]):
         for entry in entries:
             self.add(entry)
 
-    def pop_ready(self) -> list[T]:
+    def pop_ready(self) -> list[T]:  # noqa: PLR0912, PLR0915 - the receivers' hot loop, kept inline
         """Every data payload deliverable now, in the total order."""
         out: list[T] = []
         counters = self.counters
+        buffers, next_seqs, done = self.buffers, self.next_seq, self.done
         while True:
             distribution = self.distributions.get(self.ordering)
             if distribution is None:
                 self.waiting_for = f"distribution {self.ordering}"
                 return out
             domains = distribution.domains
-            if len(self.done) >= len(domains) and self.done.issuperset(domains):
+            if len(done) >= len(domains) and done.issuperset(domains):
                 del self.distributions[self.ordering]
                 self.ordering += 1
                 self.position = 0
-                self.done.clear()
+                done.clear()
                 continue
-            domain = distribution.pick(self.position)
-            if domain in self.done:
+            ordering, pick = self.ordering, distribution.pick
+            # The inner loop stays within one distribution; it leaves to move to the next one.
+            while True:
+                domain = pick(self.position)
+                if domain in done:
+                    self.position += 1
+                    counters.skipped_slots += 1
+                    if len(done) >= len(domains) and done.issuperset(domains):
+                        break
+                    continue
+                next_seq = next_seqs.get(domain, 1)
+                buffer = buffers.get(domain)
+                if buffer is None or (head := buffer.get(next_seq)) is None:
+                    self.waiting_for = domain
+                    return out
+                if head.distribution_id > ordering:
+                    done.add(domain)
+                    self.position += 1
+                    counters.skipped_slots += 1
+                    if len(done) >= len(domains) and done.issuperset(domains):
+                        break
+                    continue
+                if head.epoch < self.epochs.get(domain, 0):
+                    raise OrderingError(
+                        f"domain {domain!r} seq {head.seq} carries epoch {head.epoch}, but seq "
+                        f"{next_seq - 1} already carried epoch {self.epochs[domain]}: stale epoch"
+                    )
+                if head.distribution_id < ordering:
+                    raise OrderingError(
+                        f"domain {domain!r} seq {head.seq} carries distribution id {head.distribution_id}, "
+                        f"older than the ordering distribution {ordering}"
+                    )
+                self.epochs[domain] = head.epoch
                 self.position += 1
-                counters.skipped_slots += 1
-                continue
-            next_seq = self.next_seq.setdefault(domain, 1)
-            head = self.buffers.get(domain, {}).get(next_seq)
-            if head is None:
-                self.waiting_for = domain
-                return out
-            if head.distribution_id > self.ordering:
-                self.done.add(domain)
-                self.position += 1
-                counters.skipped_slots += 1
-                continue
-            if head.epoch < self.epochs.get(domain, 0):
-                raise OrderingError(
-                    f"domain {domain!r} seq {head.seq} carries epoch {head.epoch}, but seq "
-                    f"{next_seq - 1} already carried epoch {self.epochs[domain]}: stale epoch"
-                )
-            if head.distribution_id < self.ordering:
-                raise OrderingError(
-                    f"domain {domain!r} seq {head.seq} carries distribution id {head.distribution_id}, "
-                    f"older than the ordering distribution {self.ordering}"
-                )
-            self.epochs[domain] = head.epoch
-            self.position += 1
-            if head.kind == Kind.SKIP:
-                self._consume_skip_slot(domain, head)
-                continue
-            self._advance(domain, head)
-            if head.kind == Kind.DUMMY:
-                counters.dummies += 1
-                continue
-            counters.delivered += 1
-            if head.payload is not None:
-                out.append(head.payload)
+                kind = head.kind
+                if kind is Kind.SKIP:
+                    self._consume_skip_slot(domain, head)
+                    continue
+                # _advance, inlined: this is the path of every data message.
+                del buffer[head.seq]
+                self._buffered -= 1
+                next_seqs[domain] = head.seq + head.slots
+                if kind is Kind.DUMMY:
+                    counters.dummies += 1
+                    continue
+                counters.delivered += 1
+                if head.payload is not None:
+                    out.append(head.payload)
 
     def _consume_skip_slot(self, domain: str, head: Entry[T]) -> None:
         left = self.skip_left.pop(domain, 0)
