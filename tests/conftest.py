@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.broker.fix_broker",
     "tests.monitor.fix_monitor",
     "tests.sequencer.fix_sequencer",
+    "tests.queuedb.fix_queuedb",
 ]

@@ -1,0 +1,137 @@
+"""Enqueue inside the application's own transaction (seed 004's 仮想キュー).
+
+``enqueue(conn, "orders", body)`` runs one statement on the caller's psycopg connection,
+inside whatever transaction the caller has open: the message commits or rolls back with
+the caller's business update. Nothing is sent anywhere: a queue with a transfer rule gets
+its message in the outbox, and the transfer daemon moves it after the commit (woken at
+once by ``NOTIFY`` for an immediate queue; NOTIFY is delivered only on commit).
+
+Both functions have an ``async`` twin taking a ``psycopg.AsyncConnection``. Each call is
+one round trip, batches included (arrays unnested server-side, in order).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+# The channel the transfer daemon listens on; the payload is the receiving node's name.
+TRANSFER_CHANNEL = "sokutatsu_transfer"
+# Largest body accepted (the gRPC API refuses larger ones with INVALID_ARGUMENT too).
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class QueueNotFound(LookupError):
+    """The queue does not exist in this database (create it with the queue-db API or CLI)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    body: bytes
+    headers: Mapping[str, str] | None = None
+    key: str = ""
+
+
+# One statement: look the queue up, insert into messages (local) or outbox (forwarding),
+# notify the daemon for an immediate queue (or when the caller asks), and say which.
+# Rows are inserted in array order (WITH ORDINALITY ... ORDER BY), so seq/id follow it.
+_ENQUEUE = """
+WITH q AS (
+    SELECT name, to_node, coalesce(nullif(to_queue, ''), name) AS to_queue, immediate
+    FROM sokutatsu.queues WHERE name = %(queue)s
+),
+m AS (
+    SELECT body, headers, key, n
+    FROM unnest(%(bodies)s::bytea[], %(headers)s::jsonb[], %(keys)s::text[]) WITH ORDINALITY AS m(body, headers, key, n)
+),
+local AS (
+    INSERT INTO sokutatsu.messages (queue, body, headers, key)
+    SELECT q.name, m.body, m.headers, m.key FROM q, m WHERE q.to_node = '' ORDER BY m.n
+    RETURNING seq
+),
+forward AS (
+    INSERT INTO sokutatsu.outbox (queue, to_node, to_queue, body, headers, key)
+    SELECT q.name, q.to_node, q.to_queue, m.body, m.headers, m.key FROM q, m WHERE q.to_node <> '' ORDER BY m.n
+    RETURNING id
+),
+wake AS (
+    SELECT pg_notify(%(channel)s, q.to_node) FROM q
+    WHERE q.to_node <> '' AND coalesce(%(immediate)s::boolean, q.immediate)
+)
+SELECT (SELECT count(*) FROM q),
+       (SELECT coalesce(array_agg(seq ORDER BY seq), '{}') FROM local),
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM forward),
+       (SELECT count(*) FROM wake)
+"""
+
+
+def _params(queue: str, messages: Sequence[Message], immediate: bool | None) -> dict[str, object]:
+    if not messages:
+        raise ValueError("nothing to enqueue: give at least one message")
+    for message in messages:
+        if len(message.body) > MAX_BODY_BYTES:
+            raise ValueError(f"a message body of {len(message.body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
+    return {
+        "queue": queue,
+        "bodies": [m.body for m in messages],
+        "headers": [json.dumps(dict(m.headers)) if m.headers else None for m in messages],
+        "keys": [m.key for m in messages],
+        "channel": TRANSFER_CHANNEL,
+        "immediate": immediate,
+    }
+
+
+def _result(queue: str, row: tuple[Any, ...] | None) -> list[int]:
+    if row is None or row[0] == 0:
+        raise QueueNotFound(f"queue {queue!r} does not exist in this database")
+    local: list[int] = row[1]
+    forward: list[int] = row[2]
+    return local or forward
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    queue: str,
+    body: bytes,
+    headers: Mapping[str, str] | None = None,
+    key: str = "",
+    *,
+    immediate: bool | None = None,
+) -> int:
+    """Enqueue one message in ``conn``'s current transaction; return its id (its ``seq`` in a
+    local queue, its outbox id in a forwarding one). ``immediate``: wake the transfer daemon on
+    commit (True), leave it to the queue's deferred thresholds (False), or as the queue says (None)."""
+    return enqueue_batch(conn, queue, [Message(body, headers, key)], immediate=immediate)[0]
+
+
+def enqueue_batch(
+    conn: psycopg.Connection[Any], queue: str, messages: Sequence[Message], *, immediate: bool | None = None
+) -> list[int]:
+    """Enqueue ``messages`` in order, in one round trip, in ``conn``'s current transaction."""
+    row = conn.execute(_ENQUEUE, _params(queue, messages, immediate)).fetchone()
+    return _result(queue, row)
+
+
+async def enqueue_async(
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    body: bytes,
+    headers: Mapping[str, str] | None = None,
+    key: str = "",
+    *,
+    immediate: bool | None = None,
+) -> int:
+    """:func:`enqueue` on an ``AsyncConnection``."""
+    return (await enqueue_batch_async(conn, queue, [Message(body, headers, key)], immediate=immediate))[0]
+
+
+async def enqueue_batch_async(
+    conn: psycopg.AsyncConnection[Any], queue: str, messages: Sequence[Message], *, immediate: bool | None = None
+) -> list[int]:
+    """:func:`enqueue_batch` on an ``AsyncConnection``."""
+    cursor = await conn.execute(_ENQUEUE, _params(queue, messages, immediate))
+    return _result(queue, await cursor.fetchone())

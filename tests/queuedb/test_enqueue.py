@@ -1,0 +1,100 @@
+"""Enqueue in the application's own transaction, on a real PostgreSQL: commit keeps, rollback removes,
+batches keep their order, the schema migrates once, unknown queues and oversized bodies are refused."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from sokutatsu.queuedb.enqueue import (
+    MAX_BODY_BYTES,
+    Message,
+    QueueNotFound,
+    enqueue,
+    enqueue_async,
+    enqueue_batch,
+    enqueue_batch_async,
+)
+from sokutatsu.queuedb.schema import current_version, latest_version, migrate
+from tests.queuedb.fix_queuedb import NodeDatabase
+
+
+def _create(dsn: str, name: str, to_node: str = "", immediate: bool = True) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sokutatsu.queues (name, to_node, immediate) VALUES (%s, %s, %s)", (name, to_node, immediate)
+        )
+
+
+def _bodies(dsn: str, table: str = "messages") -> list[bytes]:
+    with psycopg.connect(dsn) as conn:
+        order = "seq" if table == "messages" else "id"
+        return [bytes(r[0]) for r in conn.execute(f"SELECT body FROM sokutatsu.{table} ORDER BY {order}")]  # noqa: S608
+
+
+def test_the_business_update_and_the_message_commit_or_roll_back_together(node_database: NodeDatabase) -> None:
+    dsn = node_database()
+    _create(dsn, "orders")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE stock (item text PRIMARY KEY, n int)")
+        conn.execute("INSERT INTO stock VALUES ('apple', 10)")
+        conn.commit()
+        conn.execute("UPDATE stock SET n = n - 1 WHERE item = 'apple'")
+        enqueue(conn, "orders", b"rolled back")
+        conn.rollback()
+        conn.execute("UPDATE stock SET n = n - 1 WHERE item = 'apple'")
+        first = enqueue(conn, "orders", b"kept", {"trace": "t1"}, key="apple")
+        conn.commit()
+        row = conn.execute("SELECT n FROM stock").fetchone()
+        headers = conn.execute("SELECT headers, key FROM sokutatsu.messages WHERE seq = %s", (first,)).fetchone()
+    assert row == (9,)
+    assert _bodies(dsn) == [b"kept"]
+    assert headers == ({"trace": "t1"}, "apple")
+
+
+def test_a_batch_is_one_statement_in_order(node_database: NodeDatabase) -> None:
+    dsn = node_database()
+    _create(dsn, "orders")
+    with psycopg.connect(dsn) as conn:
+        seqs = enqueue_batch(conn, "orders", [Message(f"m{i}".encode(), key=f"k{i}") for i in range(500)])
+        conn.commit()
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == 500
+    assert _bodies(dsn) == [f"m{i}".encode() for i in range(500)]
+
+
+async def test_async_twins_and_forwarding_queues_fill_the_outbox_and_notify_on_commit(
+    node_database: NodeDatabase,
+) -> None:
+    dsn = node_database()
+    _create(dsn, "to-node2", to_node="node2")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN sokutatsu_transfer")
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await enqueue_async(conn, "to-node2", b"a")
+            await enqueue_batch_async(conn, "to-node2", [Message(b"b"), Message(b"c")])
+            await conn.commit()
+        notes = [note.payload async for note in listener.notifies(timeout=10, stop_after=1)]
+    assert notes == ["node2"]
+    assert _bodies(dsn, "outbox") == [b"a", b"b", b"c"]
+    assert _bodies(dsn) == []
+
+
+def test_unknown_queues_and_oversized_bodies_are_refused(node_database: NodeDatabase) -> None:
+    dsn = node_database()
+    _create(dsn, "orders")
+    with psycopg.connect(dsn) as conn:
+        with pytest.raises(QueueNotFound, match="'nowhere' does not exist"):
+            enqueue(conn, "nowhere", b"x")
+        conn.rollback()
+        with pytest.raises(ValueError, match="over the"):
+            enqueue(conn, "orders", b"x" * (MAX_BODY_BYTES + 1))
+        with pytest.raises(ValueError, match="at least one"):
+            enqueue_batch(conn, "orders", [])
+
+
+def test_migrations_apply_once(node_database: NodeDatabase) -> None:
+    dsn = node_database()  # already migrated by the fixture
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert current_version(conn) == latest_version() >= 1
+        assert migrate(conn) == []
