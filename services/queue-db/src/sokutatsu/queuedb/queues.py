@@ -1,0 +1,385 @@
+"""QueueService: remote clients create queues, enqueue, lease, ack and nack over gRPC.
+
+Queues and messages live in the node's database (``sokutatsu.queues``, ``sokutatsu.messages``).
+A message is ready when its ``visible_at`` has passed. ``Dequeue`` leases the oldest ready
+messages of a queue in ``seq`` order with one statement: rows other consumers are leasing at
+that moment are skipped (``FOR UPDATE SKIP LOCKED``), and each row taken gets a new
+``lease_id``, ``visible_at = now() + visibility timeout`` and one more delivery. ``Ack``
+deletes a leased message, ``Nack`` makes it visible again, both only while its lease holds;
+a message whose lease expired is ready again with its old ``seq``, so it comes back first.
+
+A queue with a transfer rule forwards: ``Enqueue`` puts its messages in the outbox for the
+transfer daemon (through the same SDK call applications use), and it cannot be dequeued here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from grpc import aio
+
+from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from sokutatsu.core.settings import SettingsError, parse_name
+from sokutatsu.queuedb.db import Database
+from sokutatsu.queuedb.enqueue import Message, QueueNotFound, enqueue_batch_async
+from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+
+# Longest a Dequeue may wait for a message; longer waits are refused (clients loop instead).
+MAX_WAIT_MS = 20_000
+# How often a waiting Dequeue looks again.
+POLL_SECONDS = 0.05
+# Longest lease or Nack delay a request may ask for (the bound of the visibility timeout setting).
+MAX_DELAY_MS = 12 * 3_600_000
+# The columns min_batch and max_age_ms are PostgreSQL integers.
+_MAX_INT4 = 2**31 - 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_STATS = """
+SELECT
+    (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now()),
+    (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at > now() AND lease_id IS NOT NULL),
+    (SELECT count(*) FROM sokutatsu.outbox WHERE queue = q.name AND transfer_id IS NULL),
+    (SELECT count(*) FROM sokutatsu.outbox WHERE queue = q.name AND transfer_id IS NOT NULL),
+    (SELECT min(enqueued_at) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now())
+FROM sokutatsu.queues q WHERE q.name = %s
+"""
+
+# One statement: find the queue, take its oldest ready rows nobody else is leasing, lease them.
+# No row at all: no such queue. One row with a NULL seq: the queue exists, nothing was leased
+# (none ready, or the queue forwards and to_node says where).
+_LEASE = """
+WITH q AS (
+    SELECT name, to_node, coalesce(nullif(to_queue, ''), name) AS to_queue
+    FROM sokutatsu.queues WHERE name = %(queue)s
+),
+picked AS (
+    SELECT m.seq FROM sokutatsu.messages m
+    WHERE m.queue = %(queue)s AND m.visible_at <= now() AND EXISTS (SELECT 1 FROM q WHERE q.to_node = '')
+    ORDER BY m.seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+leased AS (
+    UPDATE sokutatsu.messages m
+    SET lease_id = gen_random_uuid(),
+        visible_at = now() + %(timeout_ms)s * interval '1 millisecond',
+        delivery_count = m.delivery_count + 1
+    FROM picked WHERE m.seq = picked.seq
+    RETURNING m.seq, m.body, m.headers, m.key, m.enqueued_at, m.delivery_count, m.lease_id
+)
+SELECT q.to_node, q.to_queue, l.seq, l.body, l.headers, l.key, l.enqueued_at, l.delivery_count, l.lease_id
+FROM q LEFT JOIN leased l ON true
+ORDER BY l.seq
+"""
+
+# Ack and Nack: the first column says whether the queue exists, the second which leases held.
+# A lease holds while its row has it and its visible_at has not passed.
+_ACK = """
+WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
+done AS (
+    DELETE FROM sokutatsu.messages m USING q
+    WHERE m.queue = q.name AND m.lease_id = ANY(%(leases)s::uuid[]) AND m.visible_at > now()
+    RETURNING m.lease_id
+)
+SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
+"""
+
+_NACK = """
+WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
+done AS (
+    UPDATE sokutatsu.messages m
+    SET visible_at = now() + %(delay_ms)s * interval '1 millisecond', lease_id = NULL
+    FROM q, unnest(%(leases)s::uuid[]) AS t(lease_id)
+    WHERE m.queue = q.name AND m.lease_id = t.lease_id AND m.visible_at > now()
+    RETURNING t.lease_id
+)
+SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
+"""
+
+_INSERT_QUEUE = """
+INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, min_batch, max_age_ms)
+VALUES (%s, %s, %s, %s, %s, %s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name, to_node, to_queue, immediate, min_batch, max_age_ms
+"""
+_SELECT_QUEUE = "SELECT name, to_node, to_queue, immediate, min_batch, max_age_ms FROM sokutatsu.queues WHERE name = %s"
+_LIST_QUEUES = "SELECT name, to_node, to_queue, immediate, min_batch, max_age_ms FROM sokutatsu.queues ORDER BY name"
+
+
+def _unix_nano(moment: datetime | None) -> int:
+    if moment is None:
+        return 0
+    return (moment - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def _queue_message(queue: str, row: tuple[Any, ...]) -> queuedb_pb2.QueueMessage:
+    _, _, seq, body, headers, key, enqueued_at, delivery_count, lease_id = row
+    return queuedb_pb2.QueueMessage(
+        queue=queue,
+        seq=seq,
+        body=bytes(body),
+        headers={str(k): str(v) for k, v in (headers or {}).items()},
+        key=key,
+        enqueued_unix_nano=_unix_nano(enqueued_at),
+        delivery_count=delivery_count,
+        lease_id=str(lease_id),
+    )
+
+
+def _queue(row: tuple[Any, ...]) -> queuedb_pb2.Queue:
+    name, to_node, to_queue, immediate, min_batch, max_age_ms = row
+    queue = queuedb_pb2.Queue(name=name)
+    if to_node:
+        queue.transfer.CopyFrom(
+            queuedb_pb2.TransferRule(
+                to_node=to_node, to_queue=to_queue, immediate=immediate, min_batch=min_batch, max_age_ms=max_age_ms
+            )
+        )
+    return queue
+
+
+def _name(raw: str, what: str) -> str:
+    try:
+        return parse_name(raw)
+    except SettingsError as exc:
+        raise InvalidArgument(f"{what} {raw!r} is not a valid name: {exc}, starting with a letter or digit") from None
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is empty: name the queue")
+    return value
+
+
+def _not_found(queue: str) -> NotFound:
+    return NotFound(f"queue {queue!r} does not exist on this node; create it with CreateQueue (ListQueues shows them)")
+
+
+def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
+    """How an existing queue's settings differ from the ones asked for ("" = the same queue).
+    An empty to_queue means the queue's own name, so the two compare equal."""
+    old, new = have.transfer, want.transfer
+
+    def where(rule: queuedb_pb2.TransferRule) -> str:
+        return f"forwarding to node {rule.to_node!r}" if rule.to_node else "local"
+
+    if old.to_node != new.to_node:
+        return f"it is {where(old)} (asked: {where(new)})"
+    if not old.to_node:
+        return ""
+    pairs = [
+        ("to_queue", old.to_queue or have.name, new.to_queue or want.name),
+        ("immediate", old.immediate, new.immediate),
+        ("min_batch", old.min_batch, new.min_batch),
+        ("max_age_ms", old.max_age_ms, new.max_age_ms),
+    ]
+    return ", ".join(f"{field} is {a!r} (asked: {b!r})" for field, a, b in pairs if a != b)
+
+
+def _validate_rule(queue: queuedb_pb2.Queue) -> None:
+    rule = queue.transfer
+    if not rule.to_node:
+        extra = [f for f in ("to_queue", "min_batch", "max_age_ms") if getattr(rule, f)]
+        if extra:
+            raise InvalidArgument(
+                f"TransferRule.{extra[0]} is set but to_node is empty: name the receiving node in to_node, "
+                "or leave the transfer rule out for a local queue"
+            )
+        return
+    _name(rule.to_node, "TransferRule.to_node")
+    if rule.to_queue:
+        _name(rule.to_queue, "TransferRule.to_queue")
+    for field in ("min_batch", "max_age_ms"):
+        value = getattr(rule, field)
+        if value > _MAX_INT4:
+            raise InvalidArgument(f"TransferRule.{field} of {value} is over the limit of {_MAX_INT4}")
+
+
+def _parse_lease(lease: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(lease)
+    except ValueError:
+        return None
+
+
+def _delay(value: int, field: str) -> int:
+    if value > MAX_DELAY_MS:
+        raise InvalidArgument(f"{field} of {value} is over the limit of {MAX_DELAY_MS} (12 hours)")
+    return value
+
+
+class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
+    def __init__(self, db: Database, settings: QueueDbSettings) -> None:
+        self.db = db
+        self.settings = settings
+
+    async def CreateQueue(
+        self, request: queuedb_pb2.CreateQueueRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.CreateQueueResponse:
+        wanted = request.queue
+        name = _name(_required(wanted.name, "Queue.name"), "queue name")
+        _validate_rule(wanted)
+        rule = wanted.transfer
+        # A local queue keeps the column defaults for the rule (immediate is meaningless there).
+        values = (
+            name,
+            rule.to_node,
+            rule.to_queue,
+            rule.immediate or not rule.to_node,
+            rule.min_batch,
+            rule.max_age_ms,
+        )
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(_INSERT_QUEUE, values)
+            row = await cursor.fetchone()
+            if row is None:  # it exists: answer with it if it is the same queue
+                cursor = await conn.execute(_SELECT_QUEUE, (name,))
+                row = await cursor.fetchone()
+        if row is None:  # inserted by another call and gone since: there is no DeleteQueue, so never
+            raise _not_found(name)
+        queue = _queue(row)
+        difference = _difference(queue, wanted)
+        if difference:
+            raise AlreadyExists(
+                f"queue {name!r} already exists with other settings: {difference}; "
+                "use another name, or ask with the settings GetQueue shows"
+            )
+        return queuedb_pb2.CreateQueueResponse(queue=queue)
+
+    async def GetQueue(
+        self, request: queuedb_pb2.GetQueueRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.Queue:
+        name = _required(request.name, "GetQueueRequest.name")
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(_SELECT_QUEUE, (name,))
+            row = await cursor.fetchone()
+        if row is None:
+            raise _not_found(name)
+        return _queue(row)
+
+    async def ListQueues(
+        self, request: queuedb_pb2.ListQueuesRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.ListQueuesResponse:
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(_LIST_QUEUES)
+            rows = await cursor.fetchall()
+        return queuedb_pb2.ListQueuesResponse(queues=[_queue(row) for row in rows])
+
+    async def GetQueueStats(
+        self, request: queuedb_pb2.GetQueueStatsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.QueueStats:
+        name = _required(request.queue, "GetQueueStatsRequest.queue")
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(_STATS, (name,))
+            row = await cursor.fetchone()
+        if row is None:
+            raise _not_found(name)
+        ready, leased, pending, sending, oldest = row
+        return queuedb_pb2.QueueStats(
+            queue=name,
+            ready=ready,
+            leased=leased,
+            transfer_pending=pending,
+            transfer_sending=sending,
+            oldest_ready_unix_nano=_unix_nano(oldest),
+        )
+
+    async def Enqueue(
+        self, request: queuedb_pb2.EnqueueRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.EnqueueResponse:
+        name = _required(request.queue, "EnqueueRequest.queue")
+        count, limit, largest = len(request.messages), self.settings.max_batch, self.settings.max_body_bytes
+        if count == 0:
+            raise InvalidArgument("EnqueueRequest.messages is empty: give at least one message")
+        if count > limit:
+            raise InvalidArgument(
+                f"a batch of {count} messages is over the limit of {limit} (SOKUTATSU_QUEUEDB_MAX_BATCH); "
+                "split it into several Enqueue calls"
+            )
+        for index, message in enumerate(request.messages):
+            if len(message.body) > largest:
+                raise InvalidArgument(
+                    f"messages[{index}].body is {len(message.body):,} bytes, over the limit of {largest:,} bytes "
+                    "(SOKUTATSU_QUEUEDB_MAX_BODY_BYTES); send large payloads elsewhere and enqueue a reference"
+                )
+        batch = [Message(bytes(m.body), dict(m.headers) or None, m.key) for m in request.messages]
+        try:
+            async with self.db.transaction() as conn:
+                seqs = await enqueue_batch_async(conn, name, batch)
+        except QueueNotFound:
+            raise _not_found(name) from None
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return queuedb_pb2.EnqueueResponse(seqs=seqs)
+
+    async def Dequeue(
+        self, request: queuedb_pb2.DequeueRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.DequeueResponse:
+        name = _required(request.queue, "DequeueRequest.queue")
+        if request.wait_ms > MAX_WAIT_MS:
+            raise InvalidArgument(
+                f"DequeueRequest.wait_ms of {request.wait_ms} is over the limit of {MAX_WAIT_MS}; "
+                "wait less and call Dequeue again"
+            )
+        timeout_ms = _delay(request.visibility_timeout_ms, "DequeueRequest.visibility_timeout_ms")
+        params = {
+            "queue": name,
+            "limit": min(request.max_messages or 1, self.settings.max_batch),
+            "timeout_ms": timeout_ms or self.settings.visibility_timeout_ms,
+        }
+        deadline = asyncio.get_running_loop().time() + request.wait_ms / 1000
+        while True:
+            # A lease lost in an OS crash only makes its message ready again early: commit without the flush.
+            async with self.db.transaction(durable=False) as conn:
+                cursor = await conn.execute(_LEASE, params)
+                rows = await cursor.fetchall()
+            if not rows:
+                raise _not_found(name)
+            to_node, to_queue = rows[0][0], rows[0][1]
+            if to_node:
+                raise FailedPrecondition(
+                    f"queue {name!r} forwards its messages to node {to_node!r} (queue {to_queue!r} there); "
+                    "dequeue them on that node"
+                )
+            messages = [_queue_message(name, row) for row in rows if row[2] is not None]
+            remaining = deadline - asyncio.get_running_loop().time()
+            if messages or remaining <= 0:
+                return queuedb_pb2.DequeueResponse(messages=messages)
+            await asyncio.sleep(min(POLL_SECONDS, remaining))
+
+    async def Ack(
+        self, request: queuedb_pb2.AckRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.AckResponse:
+        name = _required(request.queue, "AckRequest.queue")
+        expired = await self._settle(name, list(request.lease_ids), _ACK, {}, "an Ack")
+        return queuedb_pb2.AckResponse(expired=expired)
+
+    async def Nack(
+        self, request: queuedb_pb2.NackRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.NackResponse:
+        name = _required(request.queue, "NackRequest.queue")
+        delay_ms = _delay(request.delay_ms, "NackRequest.delay_ms")
+        expired = await self._settle(name, list(request.lease_ids), _NACK, {"delay_ms": delay_ms}, "a Nack")
+        return queuedb_pb2.NackResponse(expired=expired)
+
+    async def _settle(self, name: str, raw: list[str], statement: str, extra: dict[str, object], rpc: str) -> list[str]:
+        """Run Ack's or Nack's statement on the leases; return, in request order, the ids whose lease did not
+        hold: expired, unknown, of another queue, or malformed (a malformed id is never an error)."""
+        if len(raw) > self.settings.max_batch:
+            raise InvalidArgument(
+                f"{rpc} of {len(raw)} lease ids is over the limit of {self.settings.max_batch} "
+                "(SOKUTATSU_QUEUEDB_MAX_BATCH); split it into several calls"
+            )
+        parsed = [_parse_lease(lease) for lease in raw]
+        good = list(dict.fromkeys(p for p in parsed if p is not None))
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(statement, {"queue": name, "leases": good, **extra})
+            row = await cursor.fetchone()
+        if row is None or row[0] == 0:
+            raise _not_found(name)
+        held: set[uuid.UUID] = set(row[1])
+        return [lease for lease, p in zip(raw, parsed, strict=True) if p not in held]
