@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.queuedb.schema import migrate
@@ -29,6 +30,13 @@ def node_database(pg_dsn: str) -> Iterator[NodeDatabase]:
         return dsn
 
     yield make
+    for name in made:
+        # Prepared transactions a test left (2PC) keep a database from being dropped.
+        with psycopg.connect(database_dsn(pg_dsn, name), autocommit=True) as conn:
+            for (gid,) in conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+            ).fetchall():
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for name in made:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -12,6 +12,7 @@ from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, setting
 from sokutatsu.monitor.settings import MonitorSettings
 from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.queuedb.transferd import TransferSettings
 from sokutatsu.sequencer.settings import SequencerSettings
 
 
@@ -36,4 +37,5 @@ ALL_SETTINGS: list[tuple[str, type[Settings]]] = [
     ("Monitor", MonitorSettings),
     ("Sequencer", SequencerSettings),
     ("Queue-db", QueueDbSettings),
+    ("Queue-db transfer daemon", TransferSettings),
 ]

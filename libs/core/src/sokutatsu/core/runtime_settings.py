@@ -27,6 +27,7 @@ SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_MONITOR_",
     "SOKUTATSU_SEQUENCER_",
     "SOKUTATSU_QUEUEDB_",
+    "SOKUTATSU_TRANSFER_",
     "SOKUTATSU_PG_",
 )
 # Names directly under SOKUTATSU_ read by a class other than RuntimeSettings (the launcher's).

@@ -1,4 +1,5 @@
-"""Queue-db process wiring."""
+"""Queue-db process wiring: migrate the node's database, open the pool, serve the queues and
+the receiving side of transfer."""
 
 from __future__ import annotations
 
@@ -14,14 +15,28 @@ from grpc_health.v1 import health_pb2
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError
-from sokutatsu.core.unserved import add_unimplemented
 from sokutatsu.queuedb import database
+from sokutatsu.queuedb.db import Database
+from sokutatsu.queuedb.faults import CrashPoints
+from sokutatsu.queuedb.queues import QueueServicer
+from sokutatsu.queuedb.receiver import TransferReceiver
+from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.settings import QueueDbSettings
-from sokutatsu.queuedb.v1 import queuedb_pb2
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICES = [queuedb_pb2.DESCRIPTOR.services_by_name[n] for n in ("QueueService", "Transfer")]
+SERVICES = [queuedb_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("QueueService", "Transfer")]
+
+
+def _reason(exc: psycopg.Error) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _migrate(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=database.CONNECT_TIMEOUT_SECONDS) as conn:
+        return migrate(conn)
 
 
 def build(settings: QueueDbSettings) -> Register:
@@ -29,28 +44,46 @@ def build(settings: QueueDbSettings) -> Register:
         raise SettingsError(f"{QueueDbSettings.env_prefix}DSN is not set: give this node's PostgreSQL DSN")
 
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
+        where = database.redact(settings.dsn)
         try:
             version = await database.server_version(settings.dsn)
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StartupError(
-                f"cannot connect to PostgreSQL at {database.redact(settings.dsn)}: {reason} "
-                f"({QueueDbSettings.env_prefix}DSN)"
+                f"cannot connect to PostgreSQL at {where}: {_reason(exc)} ({QueueDbSettings.env_prefix}DSN)"
             ) from None
-        log.info("node %s uses PostgreSQL %s at %s", settings.instance, version, database.redact(settings.dsn))
-        names = add_unimplemented(server, SERVICES, "queues and transfer arrive with issue #7")
+        try:
+            applied = await asyncio.to_thread(_migrate, settings.dsn)
+        except psycopg.Error as exc:
+            raise StartupError(
+                f"cannot apply the queue-db schema migrations in {where}: {_reason(exc)} "
+                "(the role needs CREATE on the database)"
+            ) from None
+        log.info(
+            "node %s uses PostgreSQL %s at %s; schema migrations applied now: %s",
+            settings.instance,
+            version,
+            database.redact(settings.dsn),
+            applied or "none",
+        )
+        db = Database(settings.dsn, settings.pool_size)
+        await db.open()
+        context.stack.push_async_callback(db.close)
+        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings), server)
+        queuedb_pb2_grpc.add_TransferServicer_to_server(
+            TransferReceiver(db, settings.max_batch, CrashPoints(settings.crash_at)), server
+        )
         changes: asyncio.Queue[bool] = asyncio.Queue()
 
         async def follow_database() -> None:
             while True:
                 up = await changes.get()
                 status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
-                for name in ["", *names]:
+                for name in ["", *SERVICES]:
                     await context.health.set(name, status)
 
         context.start_background(database.watch(settings.dsn, settings.db_check_seconds, changes), "db-watch")
         context.start_background(follow_database(), "db-health")
-        return names
+        return SERVICES
 
     return register
 

@@ -1,0 +1,44 @@
+"""The node's connection pool, and database failures as gRPC statuses a caller can act on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from sokutatsu.core.embedded_pg import redact_dsn
+from sokutatsu.core.errors import Unavailable
+
+POOL_TIMEOUT_SECONDS = 10.0
+
+
+class Database:
+    def __init__(self, dsn: str, size: int) -> None:
+        self.dsn = dsn
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            dsn, min_size=1, max_size=size, open=False, timeout=POOL_TIMEOUT_SECONDS, kwargs={"connect_timeout": 5}
+        )
+
+    async def open(self) -> None:
+        await self.pool.open(wait=True, timeout=POOL_TIMEOUT_SECONDS)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, *, durable: bool = True) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """One transaction: committed when the block ends, rolled back when it raises.
+
+        ``durable=False`` commits without waiting for the WAL flush (``synchronous_commit = off``):
+        for writes whose loss in an OS crash is repaired by the protocol (seed 001)."""
+        try:
+            async with self.pool.connection() as conn:
+                if not durable:
+                    await conn.execute("SET LOCAL synchronous_commit = off")
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise Unavailable(f"the node's database {redact_dsn(self.dsn)} does not answer: {reason}") from None

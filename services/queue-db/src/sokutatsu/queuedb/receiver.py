@@ -1,0 +1,207 @@
+"""The receiving side of the one-phase transfer (seed 004 §3.3.3, Fig. 3, right column).
+
+``Deliver`` stores a batch and moves the recovery row ``(sender, last_received_id)`` in one
+local transaction, commits, and only then answers. So the row always says exactly what
+this node holds from the sender: a sender that lost the answer asks ``GetRecoveryState``
+on reconnect and resends only what is above it (seed §3.3.4). A batch, or part of one,
+at or below the row is a replay: ignored and counted. A batch that starts above the row
+plus one would leave a hole: refused with FAILED_PRECONDITION.
+
+A receiving queue that does not exist yet is created (local, no forwarding rule): a
+transfer must never stall on a queue nobody has created on this node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import psycopg
+from grpc import aio
+from psycopg import sql
+
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
+from sokutatsu.queuedb.db import Database
+from sokutatsu.queuedb.faults import CrashPoints
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+
+# Receiving queues are created in a transaction of their own, committed before the batch's:
+# a row inserted by a prepared (2PC) transaction would block every later batch for that queue.
+_CREATE_QUEUES = """
+INSERT INTO sokutatsu.queues (name)
+SELECT DISTINCT q FROM unnest(%s::text[]) AS q
+ON CONFLICT (name) DO NOTHING
+"""
+_STORE = """
+INSERT INTO sokutatsu.messages (queue, body, headers, key, enqueued_at)
+SELECT m.queue, m.body, m.headers, m.key, coalesce(to_timestamp(m.ns / 1e9), now())
+FROM unnest(%(queues)s::text[], %(bodies)s::bytea[], %(headers)s::jsonb[], %(keys)s::text[], %(ns)s::bigint[])
+     WITH ORDINALITY AS m(queue, body, headers, key, ns, n)
+ORDER BY m.n
+"""
+
+
+def _headers(message: queuedb_pb2.TransferredMessage) -> str | None:
+    if not message.headers:
+        return None
+    return json.dumps(dict(message.headers))
+
+
+class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
+    def __init__(self, db: Database, max_batch: int, crash: CrashPoints) -> None:
+        self.db = db
+        self.max_batch = max_batch
+        self.crash = crash
+
+    async def Deliver(
+        self, request: queuedb_pb2.TransferBatch, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.TransferAck:
+        sender = request.sender_node
+        if not sender:
+            raise InvalidArgument("TransferBatch.sender_node is empty: name the sending node")
+        messages = list(request.messages)
+        if len(messages) > self.max_batch:
+            raise InvalidArgument(
+                f"a batch of {len(messages)} messages is over the limit of {self.max_batch} "
+                "(SOKUTATSU_QUEUEDB_MAX_BATCH)"
+            )
+        for before, after in itertools.pairwise(messages):
+            if after.transfer_id != before.transfer_id + 1:
+                raise InvalidArgument(
+                    f"transfer ids in a batch must be dense and increasing; {before.transfer_id} is followed "
+                    f"by {after.transfer_id}"
+                )
+        # The sender made a message durable itself (seed 001): this side need not wait for the flush.
+        durable = any(m.durability != queuedb_pb2.DURABILITY_SENDER for m in messages)
+        await self._create_queues(messages)
+        async with self.db.transaction(durable=durable) as conn:
+            await conn.execute(
+                "INSERT INTO sokutatsu.transfer_in (from_node) VALUES (%s) ON CONFLICT DO NOTHING", (sender,)
+            )
+            cursor = await conn.execute(
+                "SELECT last_received_id FROM sokutatsu.transfer_in WHERE from_node = %s FOR UPDATE", (sender,)
+            )
+            row = await cursor.fetchone()
+            last: int = row[0] if row else 0
+            new = [m for m in messages if m.transfer_id > last]
+            if new and new[0].transfer_id != last + 1:
+                raise FailedPrecondition(
+                    f"this node holds transfer ids from {sender} up to {last}; a batch starting at "
+                    f"{new[0].transfer_id} would leave a gap (ask GetRecoveryState and resend from {last + 1})"
+                )
+            if new:
+                await conn.execute(_STORE, _rows(new))
+                last = new[-1].transfer_id
+                await conn.execute(
+                    "UPDATE sokutatsu.transfer_in SET last_received_id = %s WHERE from_node = %s", (last, sender)
+                )
+                self.crash.reach("receiver:stored")
+        self.crash.reach("receiver:committed")
+        return queuedb_pb2.TransferAck(last_received_id=last, duplicates=len(messages) - len(new))
+
+    async def _create_queues(self, messages: list[queuedb_pb2.TransferredMessage]) -> None:
+        names = sorted({m.queue for m in messages})
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute("SELECT count(*) FROM sokutatsu.queues WHERE name = ANY(%s)", (names,))
+            row = await cursor.fetchone()
+            if row is None or row[0] < len(names):
+                await conn.execute(_CREATE_QUEUES, (names,))
+
+    async def GetRecoveryState(
+        self, request: queuedb_pb2.GetRecoveryStateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.RecoveryState:
+        if not request.sender_node:
+            raise InvalidArgument("GetRecoveryStateRequest.sender_node is empty: name the sending node")
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT last_received_id FROM sokutatsu.transfer_in WHERE from_node = %s", (request.sender_node,)
+            )
+            row = await cursor.fetchone()
+        return queuedb_pb2.RecoveryState(sender_node=request.sender_node, last_received_id=row[0] if row else 0)
+
+    # ------------------------------------------------- two-phase commit baseline --
+    async def PrepareBatch(
+        self, request: queuedb_pb2.PrepareBatchRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.PrepareBatchResponse:
+        """Store the batch in a transaction and ``PREPARE TRANSACTION`` it under the sender's gid."""
+        batch = request.batch
+        gid = _check_gid(request.gid, batch.sender_node)
+        messages = list(batch.messages)
+        if not messages or len(messages) > self.max_batch:
+            raise InvalidArgument(f"a prepared batch carries 1 to {self.max_batch} messages, not {len(messages)}")
+        await self._create_queues(messages)
+        try:
+            async with self.db.transaction() as conn:
+                await conn.execute(_STORE, _rows(messages))
+                await conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        except psycopg.errors.DuplicateObject:
+            # Prepared before (a resent request): the first one stands, if it is this node's.
+            async with self.db.transaction() as conn:
+                cursor = await conn.execute(
+                    "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()", (gid,)
+                )
+                if await cursor.fetchone() is None:
+                    raise FailedPrecondition(
+                        f"gid {gid!r} is taken by a prepared transaction of another database on this node's "
+                        "PostgreSQL; gids must be unique per cluster"
+                    ) from None
+            return queuedb_pb2.PrepareBatchResponse()
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+            raise FailedPrecondition(
+                f"this node's PostgreSQL refuses PREPARE TRANSACTION ({exc}); set max_prepared_transactions > 0"
+            ) from None
+        self.crash.reach("receiver:prepared")
+        return queuedb_pb2.PrepareBatchResponse()
+
+    async def FinishPrepared(
+        self, request: queuedb_pb2.FinishPreparedRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.FinishPreparedResponse:
+        gid = _check_gid(request.gid, "")
+        verb = "COMMIT PREPARED" if request.commit else "ROLLBACK PREPARED"
+        async with self.db.transaction() as conn:
+            await conn.set_autocommit(True)
+            try:
+                await conn.execute(sql.SQL(verb + " {}").format(sql.Literal(gid)))
+            except psycopg.errors.UndefinedObject:
+                return queuedb_pb2.FinishPreparedResponse(found=False)
+            finally:
+                await conn.set_autocommit(False)
+        return queuedb_pb2.FinishPreparedResponse(found=True)
+
+    async def ListPrepared(
+        self, request: queuedb_pb2.ListPreparedRequest, context: aio.ServicerContext[Any, Any]
+    ) -> queuedb_pb2.ListPreparedResponse:
+        prefix = gid_prefix(request.sender_node) if request.sender_node else GID_PREFIX
+        async with self.db.transaction() as conn:
+            cursor = await conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s) "
+                "ORDER BY prepared",
+                (prefix,),
+            )
+            rows = await cursor.fetchall()
+        return queuedb_pb2.ListPreparedResponse(gids=[r[0] for r in rows])
+
+
+GID_PREFIX = "sokutatsu:"
+
+
+def gid_prefix(sender: str) -> str:
+    """Every gid of ``sender``'s prepared batches starts with this."""
+    return f"{GID_PREFIX}{sender}:"
+
+
+def _check_gid(gid: str, sender: str) -> str:
+    if not gid.startswith(gid_prefix(sender) if sender else GID_PREFIX) or len(gid) > 200:
+        raise InvalidArgument(f"gid {gid[:60]!r} is not a Sokutatsu transfer gid ({gid_prefix(sender or 'sender')}…)")
+    return gid
+
+
+def _rows(messages: list[queuedb_pb2.TransferredMessage]) -> dict[str, list[Any]]:
+    return {
+        "queues": [m.queue for m in messages],
+        "bodies": [m.body for m in messages],
+        "headers": [_headers(m) for m in messages],
+        "keys": [m.key for m in messages],
+        "ns": [m.enqueued_unix_nano or None for m in messages],
+    }

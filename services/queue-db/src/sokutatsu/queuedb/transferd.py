@@ -1,0 +1,458 @@
+"""The transfer daemon: moves forwarding queues' messages to other nodes, exactly once, with the
+one-phase protocol of seed 004 (§3.3.3 Fig. 3 and §3.3.4), batched.
+
+Per receiving node, in a loop:
+
+1. **assign** (one local transaction): messages already *sending* (a transfer id, no
+   confirmation) are resent as they are; otherwise the next pending messages get dense
+   transfer ids after the cursor ``transfer_out.last_sent_id``, which moves with them.
+   Commit (durably), then send;
+2. **deliver**: the receiver stores the batch and its recovery row in one transaction
+   and answers with its ``last_received_id``;
+3. **mark sent** (one local transaction): the confirmed messages are deleted. This commit
+   need not be durable: if it is lost, step 0 repeats it.
+
+0. **recover**, on every (re)connection: ask the receiver's ``last_received_id``; sending
+   messages at or below it are marked sent without resending (seed case 2-2), the rest are
+   resent by step 1 (case 2-1). If the receiver holds more than this node ever assigned
+   (this node lost the end of its log), the cursor moves up so no id is used twice.
+
+One daemon per (node, receiver) at a time: a session advisory lock per receiver; a second
+daemon waits for it. Triggers (seed §3.3.1): ``NOTIFY`` from immediate enqueues wakes the
+daemon after the enqueuing transaction commits; otherwise every ``POLL_MS`` it checks the
+deferred queues' thresholds (``min_batch`` messages waiting or the oldest ``max_age_ms`` old).
+
+Run it as ``python -m sokutatsu.queuedb.transferd`` (serves gRPC health only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn
+
+import grpc
+import psycopg
+from grpc import aio
+from psycopg import sql
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+
+from sokutatsu.core.runtime_settings import ServiceSettings
+from sokutatsu.core.server import Register, ServiceContext, run_service
+from sokutatsu.core.settings import SettingsError, choice, parse_address, parse_name, setting
+from sokutatsu.queuedb.enqueue import TRANSFER_CHANNEL
+from sokutatsu.queuedb.faults import CrashPoints
+from sokutatsu.queuedb.receiver import gid_prefix
+from sokutatsu.queuedb.settings import parse_crash_at, whole
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+
+log = logging.getLogger("sokutatsu.queuedb.transfer")
+
+RPC_TIMEOUT = 30.0
+# The sender's own prepared transaction is named after the batch's gid plus this: prepared
+# transaction names are unique per PostgreSQL cluster, and two nodes may share one.
+LOCAL_SUFFIX = "/sender"
+# Largest batch on the wire, bodies included (gRPC frames are limited to 16 MiB).
+MAX_BATCH_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class Peer:
+    node: str
+    address: str
+
+
+def parse_peers(raw: str) -> tuple[Peer, ...]:
+    peers = []
+    for item in (p.strip() for p in raw.split(",")):
+        if not item:
+            continue
+        node, sep, address = item.partition("=")
+        if not sep or not node or not address:
+            raise SettingsError(f"expected node=host:port, comma-separated; got {item!r}")
+        peers.append(Peer(parse_name(node), parse_address(address)))
+    return tuple(peers)
+
+
+@dataclass(frozen=True)
+class TransferSettings(ServiceSettings):
+    env_prefix: ClassVar[str] = "SOKUTATSU_TRANSFER_"
+
+    listen: str = setting("LISTEN", "127.0.0.1:7411", "host:port for gRPC health (port 0 = any).", parse_address)
+    instance: str = setting(
+        "INSTANCE", "node1", "This node's name: receivers keep their recovery row under it.", parse_name
+    )
+    dsn: str = setting("DSN", "", "PostgreSQL connection string of this node's database (required).")
+    peers: tuple[Peer, ...] = setting(
+        "PEERS", (), "Receiving nodes as node=host:port of their queue-db service, comma-separated.", parse_peers
+    )
+    batch: int = setting("BATCH", 1000, "Most messages per transfer batch.", whole(1, 100_000, "messages"))
+    poll_ms: int = setting(
+        "POLL_MS",
+        200,
+        "How often deferred queues' thresholds are checked (immediate queues wake the daemon at once).",
+        whole(10, 3_600_000, "milliseconds"),
+    )
+    mode: str = setting(
+        "MODE",
+        "1pc",
+        "1pc: the one-phase protocol with the receiver's recovery table (seed 004); 2pc: the same batches "
+        "with PostgreSQL two-phase commit on both nodes (the baseline it is measured against).",
+        choice("1pc", "2pc"),
+    )
+    crash_at: str = setting(
+        "CRASH_AT",
+        "",
+        "Fault injection for tests: SIGKILL this process the n-th time it reaches a step, as step@n "
+        "(1pc: sender:assigned, sender:acked, sender:marked; 2pc: sender:prepared, sender:both-prepared, "
+        "sender:committed, sender:finished). Empty in production.",
+        parse_crash_at,
+    )
+
+
+_PICK = """
+SELECT id, queue, to_queue, body, headers, key, (extract(epoch FROM enqueued_at) * 1e9)::bigint, transfer_id
+FROM sokutatsu.outbox
+WHERE to_node = %(node)s AND transfer_id IS NOT NULL
+ORDER BY transfer_id
+LIMIT %(limit)s
+"""
+_PICK_NEW = """
+SELECT id, queue, to_queue, body, headers, key, (extract(epoch FROM enqueued_at) * 1e9)::bigint, NULL::bigint
+FROM sokutatsu.outbox
+WHERE to_node = %(node)s AND transfer_id IS NULL
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE
+"""
+_DEFERRED_DUE = """
+SELECT coalesce(bool_or(
+           q.name IS NULL OR q.immediate
+           OR (q.min_batch = 0 AND q.max_age_ms = 0)
+           OR (q.min_batch > 0 AND c.n >= q.min_batch)
+           OR (q.max_age_ms > 0 AND c.oldest <= now() - q.max_age_ms * interval '1 millisecond')
+       ), false)
+FROM (SELECT queue, count(*) AS n, min(enqueued_at) AS oldest
+      FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id IS NULL GROUP BY queue) AS c
+LEFT JOIN sokutatsu.queues q ON q.name = c.queue
+"""
+
+
+class PeerLink:
+    """The sending side towards one receiving node."""
+
+    def __init__(self, settings: TransferSettings, peer: Peer, crash: CrashPoints) -> None:
+        self.settings = settings
+        self.peer = peer
+        self.crash = crash
+        self.wake = asyncio.Event()
+        self.sent = 0
+        self.recovered_without_resend = 0
+
+    async def run(self) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_transient),
+            wait=wait_exponential(multiplier=0.05, max=5),
+            reraise=True,
+            before_sleep=lambda state: log.warning(
+                "transfer to %s: %s; retrying", self.peer.node, state.outcome.exception() if state.outcome else "?"
+            ),
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._session()
+
+    async def _session(self) -> None:
+        async with (
+            await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True, connect_timeout=5) as conn,
+            aio.insecure_channel(self.peer.address) as channel,
+        ):
+            # One sender per receiver: a second daemon waits here until this one is gone.
+            await conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"sokutatsu.transfer.{self.peer.node}",))
+            stub: queuedb_pb2_grpc.TransferAsyncStub = queuedb_pb2_grpc.TransferStub(channel)
+            if self.settings.mode == "2pc":
+                await self._session_2pc(conn, stub)
+                return
+            await self._recover(conn, stub)
+            while True:
+                batch = await self._assign(conn)
+                if not batch.messages:
+                    await self._wait_for_work(conn)
+                    continue
+                ack = await stub.Deliver(batch, timeout=RPC_TIMEOUT)
+                self.crash.reach("sender:acked")
+                await self._mark_sent(conn, ack.last_received_id)
+                self.sent += len(batch.messages) - ack.duplicates
+                self.crash.reach("sender:marked")
+
+    async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        state = await stub.GetRecoveryState(
+            queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.instance), timeout=RPC_TIMEOUT
+        )
+        received = state.last_received_id
+        async with conn.transaction():
+            last_sent = await self._cursor(conn)
+            cursor = await conn.execute(
+                "DELETE FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id <= %s",
+                (self.peer.node, received),
+            )
+            done = cursor.rowcount
+            if received > last_sent:
+                log.warning(
+                    "transfer to %s: the receiver holds up to id %d but this node assigned only up to %d "
+                    "(its log lost the end); continuing after %d",
+                    self.peer.node,
+                    received,
+                    last_sent,
+                    received,
+                )
+                await conn.execute(
+                    "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
+                    (received, self.peer.node),
+                )
+        self.recovered_without_resend += done
+        log.info(
+            "transfer to %s: receiver holds up to id %d; %d sending messages it has were marked sent",
+            self.peer.node,
+            received,
+            done,
+        )
+
+    async def _cursor(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        await conn.execute(
+            "INSERT INTO sokutatsu.transfer_out (to_node) VALUES (%s) ON CONFLICT DO NOTHING", (self.peer.node,)
+        )
+        cursor = await conn.execute(
+            "SELECT last_sent_id FROM sokutatsu.transfer_out WHERE to_node = %s FOR UPDATE", (self.peer.node,)
+        )
+        row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def _assign(self, conn: psycopg.AsyncConnection[Any]) -> queuedb_pb2.TransferBatch:
+        params = {"node": self.peer.node, "limit": self.settings.batch}
+        async with conn.transaction():
+            rows = await (await conn.execute(_PICK, params)).fetchall()
+            if not rows:
+                last = await self._cursor(conn)
+                picked = await (await conn.execute(_PICK_NEW, params)).fetchall()
+                picked = _within_bytes(picked)
+                if picked:
+                    ids = [r[0] for r in picked]
+                    tids = list(range(last + 1, last + 1 + len(picked)))
+                    await conn.execute(
+                        "UPDATE sokutatsu.outbox o SET transfer_id = t.tid "
+                        "FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, tid) WHERE o.id = t.id",
+                        (ids, tids),
+                    )
+                    await conn.execute(
+                        "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
+                        (tids[-1], self.peer.node),
+                    )
+                    rows = [(*r[:7], tid) for r, tid in zip(picked, tids, strict=True)]
+            else:
+                rows = _within_bytes(rows)
+        if rows:
+            self.crash.reach("sender:assigned")
+        return _batch(self.settings.instance, rows)
+
+    async def _mark_sent(self, conn: psycopg.AsyncConnection[Any], last_received: int) -> None:
+        async with conn.transaction():
+            # Not durable: a lost deletion is redone by recovery (the receiver has these).
+            await conn.execute("SET LOCAL synchronous_commit = off")
+            await conn.execute(
+                "DELETE FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id <= %s",
+                (self.peer.node, last_received),
+            )
+
+    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Until a NOTIFY names this receiver, or a deferred queue's threshold is reached."""
+        poll = self.settings.poll_ms / 1000
+        while True:
+            self.wake.clear()  # before looking: a NOTIFY during the query must still wake the wait
+            cursor = await conn.execute(_DEFERRED_DUE, (self.peer.node,))
+            row = await cursor.fetchone()
+            if row and row[0]:
+                return
+            try:
+                await asyncio.wait_for(self.wake.wait(), poll)
+            except TimeoutError:
+                continue
+            return
+
+    # ------------------------------------------------- two-phase commit baseline --
+    @property
+    def _gids(self) -> str:
+        return f"{gid_prefix(self.settings.instance)}{self.peer.node}:"
+
+    async def _session_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        """Per batch: prepare here (rows deleted, decision row written), prepare there, COMMIT PREPARED
+        here (the decision), COMMIT PREPARED there."""
+        await self._recover_2pc(conn, stub)
+        while True:
+            prepared = await self._prepare_local(conn)
+            if prepared is None:
+                await self._wait_for_work(conn)
+                continue
+            gid, batch = prepared
+            self.crash.reach("sender:prepared")
+            await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=RPC_TIMEOUT)
+            self.crash.reach("sender:both-prepared")
+            await conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid + LOCAL_SUFFIX)))
+            self.crash.reach("sender:committed")
+            finished = await stub.FinishPrepared(
+                queuedb_pb2.FinishPreparedRequest(gid=gid, commit=True), timeout=RPC_TIMEOUT
+            )
+            if not finished.found:
+                # Prepared there a moment ago and committed here: only a hand-made ROLLBACK PREPARED gets here.
+                log.error(
+                    "2pc transfer to %s: batch %s was prepared there but is gone; its messages are lost",
+                    self.peer.node,
+                    gid,
+                )
+            self.crash.reach("sender:finished")
+            await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
+            self.sent += len(batch.messages)
+
+    async def _prepare_local(self, conn: psycopg.AsyncConnection[Any]) -> tuple[str, queuedb_pb2.TransferBatch] | None:
+        await conn.execute("BEGIN")
+        try:
+            rows = await (
+                await conn.execute(_PICK_NEW, {"node": self.peer.node, "limit": self.settings.batch})
+            ).fetchall()
+            rows = _within_bytes(rows)
+            if not rows:
+                await conn.execute("ROLLBACK")
+                return None
+            gid = f"{self._gids}{rows[0][0]}-{time.time_ns()}"
+            await conn.execute("DELETE FROM sokutatsu.outbox WHERE id = ANY(%s)", ([r[0] for r in rows],))
+            await conn.execute(
+                "INSERT INTO sokutatsu.twopc_decisions (gid, to_node) VALUES (%s, %s)", (gid, self.peer.node)
+            )
+            await conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid + LOCAL_SUFFIX)))
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")
+            raise
+        return gid, _batch(self.settings.instance, [(*r[:7], r[0]) for r in rows])
+
+    async def _recover_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        """Presumed abort: a batch is committed where its decision row is committed, else rolled back."""
+        listed = await stub.ListPrepared(
+            queuedb_pb2.ListPreparedRequest(sender_node=self.settings.instance), timeout=RPC_TIMEOUT
+        )
+        remote = [g for g in listed.gids if g.startswith(self._gids)]
+        local = {
+            r[0].removesuffix(LOCAL_SUFFIX)
+            for r in await (
+                await conn.execute(
+                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
+                    (self._gids,),
+                )
+            ).fetchall()
+        }
+        decided = {
+            r[0]
+            for r in await (
+                await conn.execute("SELECT gid FROM sokutatsu.twopc_decisions WHERE to_node = %s", (self.peer.node,))
+            ).fetchall()
+        }
+        for gid in local:  # prepared here, never decided: abort (its rows go back to the outbox)
+            await conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid + LOCAL_SUFFIX)))
+        for gid in remote:
+            commit = gid in decided
+            await stub.FinishPrepared(queuedb_pb2.FinishPreparedRequest(gid=gid, commit=commit), timeout=RPC_TIMEOUT)
+        await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE to_node = %s", (self.peer.node,))
+        log.info(
+            "2pc transfer to %s: recovery aborted %d batches prepared here, finished %d prepared there",
+            self.peer.node,
+            len(local),
+            len(remote),
+        )
+
+
+def _batch(sender: str, rows: Sequence[tuple[Any, ...]]) -> queuedb_pb2.TransferBatch:
+    return queuedb_pb2.TransferBatch(
+        sender_node=sender,
+        messages=[
+            queuedb_pb2.TransferredMessage(
+                transfer_id=r[7],
+                queue=r[2],
+                body=bytes(r[3]),
+                headers=r[4] or {},
+                key=r[5],
+                enqueued_unix_nano=r[6] or 0,
+                durability=queuedb_pb2.DURABILITY_RECEIVER,
+            )
+            for r in rows
+        ],
+    )
+
+
+def _within_bytes(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The longest prefix of ``rows`` whose bodies fit one frame (at least one row)."""
+    out: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        size += len(row[3]) + 256
+        if out and size > MAX_BATCH_BYTES:
+            break
+        out.append(row)
+    return out
+
+
+def _transient(error: BaseException) -> bool:
+    if isinstance(error, aio.AioRpcError):
+        return error.code() in {
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.FAILED_PRECONDITION,  # a gap: recovery on the next session settles it
+            grpc.StatusCode.CANCELLED,
+        }
+    return isinstance(error, psycopg.OperationalError | OSError)
+
+
+async def listen(dsn: str, links: dict[str, PeerLink]) -> None:
+    """Wake the link a NOTIFY names (sent by immediate enqueues when they commit)."""
+    async for attempt in AsyncRetrying(retry=retry_if_exception(_transient), wait=wait_exponential(0.05, max=5)):
+        with attempt:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                await conn.execute(f"LISTEN {TRANSFER_CHANNEL}")
+                for link in links.values():
+                    link.wake.set()  # anything that came while not listening
+                async for note in conn.notifies():
+                    woken = links.get(note.payload)
+                    if woken is not None:
+                        woken.wake.set()
+
+
+def build(settings: TransferSettings) -> Register:
+    if not settings.dsn:
+        raise SettingsError(f"{TransferSettings.env_prefix}DSN is not set: give this node's PostgreSQL DSN")
+    if not settings.peers:
+        raise SettingsError(f"{TransferSettings.env_prefix}PEERS is empty: name the receiving nodes, node=host:port")
+
+    async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
+        crash = CrashPoints(settings.crash_at)
+        links = {peer.node: PeerLink(settings, peer, crash) for peer in settings.peers}
+        context.start_background(listen(settings.dsn, links), "listen")
+        for node, link in links.items():
+            context.start_background(link.run(), f"transfer-{node}")
+        log.info("transfer from %s to %s (pid %d)", settings.instance, ", ".join(links), os.getpid())
+        return []
+
+    return register
+
+
+def main() -> NoReturn:
+    run_service("transfer", TransferSettings, build)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    main()

@@ -1,0 +1,314 @@
+"""Exactly-once transfer between two queue-db nodes (seed 004's one-phase protocol), with real
+processes on real databases: the receiving node's service and the sending node's transfer
+daemon are killed with SIGKILL at every step of the protocol, in a randomised schedule with
+a fixed seed, while an application keeps enqueuing (and rolling some transactions back). At
+the end the receiver holds every committed message exactly once, in enqueue order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+from grpc import aio
+
+from sokutatsu.queuedb.enqueue import Message, enqueue_batch
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from tests.helpers import ServiceProc, ensure_stopped, start_service
+from tests.queuedb.fix_queuedb import NodeDatabase
+
+pytestmark = pytest.mark.timeout(600)
+
+# The steps of each protocol a process can be killed at (CRASH_AT of the daemon and the receiver).
+STEPS = {
+    "1pc": ["sender:assigned", "sender:acked", "sender:marked", "receiver:stored", "receiver:committed"],
+    "2pc": ["sender:prepared", "sender:both-prepared", "sender:committed", "sender:finished", "receiver:prepared"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """A process that is started, killed and started again, each time with its own log folder."""
+
+    module: str
+    env: dict[str, str]
+    folder: Path
+    proc: ServiceProc | None = None
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self, crash_at: str = "") -> None:
+        self.starts += 1
+        run = self.folder / f"{self.module}-{self.starts}"
+        run.mkdir(parents=True)
+        prefix = "SOKUTATSU_QUEUEDB_" if self.module == "sokutatsu.queuedb" else "SOKUTATSU_TRANSFER_"
+        self.proc = start_service(self.module, {**self.env, f"{prefix}CRASH_AT": crash_at}, run)
+        self.logs.append(self.proc.log)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.process.poll()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            ensure_stopped(self.proc.process)
+
+    def tail(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])
+
+
+@pytest.fixture
+def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str, str, Node, Node]]:
+    """(node1 DSN, node2 DSN, node2's queue-db service, node1's transfer daemon to node2), not started."""
+    node1, node2 = node_database(), node_database()
+    with psycopg.connect(node1, autocommit=True) as conn:
+        conn.execute("INSERT INTO sokutatsu.queues (name, to_node, to_queue) VALUES ('orders', 'node2', 'inbox')")
+    receiver_address = f"127.0.0.1:{free_port()}"
+    receiver = Node(
+        "sokutatsu.queuedb",
+        {
+            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
+            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
+            "SOKUTATSU_QUEUEDB_DSN": node2,
+            "SOKUTATSU_GRACE_SECONDS": "1",
+        },
+        tmp_path,
+    )
+    daemon = Node(
+        "sokutatsu.queuedb.transferd",
+        {
+            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_TRANSFER_INSTANCE": "node1",
+            "SOKUTATSU_TRANSFER_DSN": node1,
+            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
+            "SOKUTATSU_TRANSFER_BATCH": "40",
+            "SOKUTATSU_TRANSFER_POLL_MS": "50",
+            "SOKUTATSU_GRACE_SECONDS": "1",
+        },
+        tmp_path,
+    )
+    yield node1, node2, receiver, daemon
+    daemon.stop()
+    receiver.stop()
+
+
+def _received(dsn: str) -> list[bytes]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = 'inbox' ORDER BY seq").fetchall()
+    return [bytes(r[0]) for r in rows]
+
+
+def _recovery_row(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT last_received_id FROM sokutatsu.transfer_in WHERE from_node = 'node1'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _prepared(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()").fetchall()
+    return [r[0] for r in rows]
+
+
+def _outbox(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM sokutatsu.outbox").fetchone()
+    return int(row[0]) if row else -1
+
+
+async def _enqueue_all(dsn: str, total: int, rng: random.Random) -> list[bytes]:
+    """The application: transactions of 1-30 messages, one in five rolled back; returns what committed."""
+    committed: list[bytes] = []
+    n = 0
+    with psycopg.connect(dsn) as conn:
+        while len(committed) < total:
+            size = min(rng.randint(1, 30), total - len(committed))
+            bodies = [f"order-{n + i}".encode() for i in range(size)]
+            n += size
+            enqueue_batch(conn, "orders", [Message(b, key=f"k{i}") for i, b in enumerate(bodies)])
+            if rng.random() < 0.2:
+                conn.rollback()
+            else:
+                conn.commit()
+                committed.extend(bodies)
+            await asyncio.sleep(rng.random() * 0.01)
+    return committed
+
+
+def _state(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        outbox = conn.execute("SELECT count(*), count(transfer_id) FROM sokutatsu.outbox").fetchone()
+        messages = conn.execute("SELECT count(*) FROM sokutatsu.messages").fetchone()
+        decisions = conn.execute("SELECT count(*) FROM sokutatsu.twopc_decisions").fetchone()
+    return f"outbox (rows, sending) {outbox}, messages {messages}, 2pc decisions {decisions}, prepared {_prepared(dsn)}"
+
+
+async def _until(
+    check: object, what: str, nodes: tuple[Node, ...], dsns: tuple[str, ...] = (), limit: float = 120.0
+) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + limit  # only stops a hung test; nothing is timed
+    while not check():
+        if time.monotonic() > deadline:
+            states = [_state(d) for d in dsns]
+            raise AssertionError(f"gave up waiting for {what}: {states}\n" + "\n".join(n.tail() for n in nodes))
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["1pc", "2pc"])
+async def test_transfer_moves_every_committed_message_once_in_order(
+    two_nodes: tuple[str, str, Node, Node], mode: str
+) -> None:
+    node1, node2, receiver, daemon = two_nodes
+    daemon.env["SOKUTATSU_TRANSFER_MODE"] = mode
+    receiver.start()
+    daemon.start()
+    committed = await _enqueue_all(node1, 600, random.Random(1))  # noqa: S311 - reproducible test data
+    await _until(lambda: len(_received(node2)) >= len(committed), "the transfer", (receiver, daemon), (node1, node2))
+    await _until(lambda: _outbox(node1) == 0, "the sender to mark everything sent", (receiver, daemon), (node1, node2))
+    assert _received(node2) == committed
+    assert _recovery_row(node2) == (len(committed) if mode == "1pc" else 0)
+    assert _prepared(node1) == _prepared(node2) == []
+
+
+@pytest.mark.parametrize("mode", ["1pc", "2pc"])
+async def test_exactly_once_in_order_through_kill_9_at_every_protocol_step(
+    two_nodes: tuple[str, str, Node, Node], mode: str
+) -> None:
+    node1, node2, receiver, daemon = two_nodes
+    daemon.env["SOKUTATSU_TRANSFER_MODE"] = mode
+    rng = random.Random(7)  # noqa: S311 - a reproducible crash schedule
+    # Every step at least twice, at a random n-th occurrence, in random order.
+    plan = [(step, rng.randint(1, 4)) for step in STEPS[mode] * 2]
+    rng.shuffle(plan)
+    receiver.start()
+    daemon.start()
+    enqueuing = asyncio.create_task(_enqueue_all(node1, 3000, random.Random(8)))  # noqa: S311
+    crashes: list[str] = []
+    for step, n in plan:
+        victim = daemon if step.startswith("sender") else receiver
+        victim.stop()
+        victim.start(crash_at=f"{step}@{n}")
+        if not receiver.alive():
+            receiver.start()
+        # Until the victim kills itself at the step (or the work ran out before it got there).
+        await _until(
+            lambda v=victim: not v.alive() or (enqueuing.done() and _outbox(node1) == 0),
+            f"{step}@{n}",
+            (receiver, daemon),
+        )
+        if victim.exit_code() == -9:
+            crashes.append(f"{step}@{n}")
+        if not daemon.alive():
+            daemon.start()
+    committed = await enqueuing
+    if not receiver.alive():
+        receiver.start()
+    if not daemon.alive():
+        daemon.start()
+    await _until(
+        lambda: len(_received(node2)) >= len(committed), "the transfer to finish", (receiver, daemon), (node1, node2)
+    )
+    await _until(lambda: _outbox(node1) == 0, "the sender to mark everything sent", (receiver, daemon), (node1, node2))
+    received = _received(node2)
+    assert len(set(received)) == len(received), "a message arrived twice"
+    assert received == committed, "messages lost, added or out of order"
+    if mode == "1pc":
+        assert _recovery_row(node2) == len(committed)
+    else:
+        assert _prepared(node1) == _prepared(node2) == []
+    # The schedule really crashed at every step (not just ran out of work before it).
+    assert {c.split("@")[0] for c in crashes} == set(STEPS[mode]), crashes
+
+
+def _batch(first: int, last: int) -> queuedb_pb2.TransferBatch:
+    return queuedb_pb2.TransferBatch(
+        sender_node="node9",
+        messages=[
+            queuedb_pb2.TransferredMessage(transfer_id=i, queue="inbox", body=f"m{i}".encode())
+            for i in range(first, last + 1)
+        ],
+    )
+
+
+async def test_replayed_and_out_of_order_batches_are_detected(two_nodes: tuple[str, str, Node, Node]) -> None:
+    """The receiver's own guard, without the sender's recovery in front of it: replays are ignored
+    and counted, a batch that would leave a hole is refused, bad input gets a status to act on."""
+    _, node2, receiver, _ = two_nodes
+    receiver.start()
+    assert receiver.proc is not None
+    async with aio.insecure_channel(receiver.proc.address) as channel:
+        stub = queuedb_pb2_grpc.TransferStub(channel)
+        first = await stub.Deliver(_batch(1, 10), timeout=30)
+        replay = await stub.Deliver(_batch(1, 10), timeout=30)
+        overlap = await stub.Deliver(_batch(5, 15), timeout=30)
+        with pytest.raises(aio.AioRpcError) as gap:
+            await stub.Deliver(_batch(20, 25), timeout=30)
+        with pytest.raises(aio.AioRpcError) as holes:
+            await stub.Deliver(
+                queuedb_pb2.TransferBatch(
+                    sender_node="node9",
+                    messages=[queuedb_pb2.TransferredMessage(transfer_id=i, queue="inbox") for i in (16, 18)],
+                ),
+                timeout=30,
+            )
+        with pytest.raises(aio.AioRpcError) as nameless:
+            await stub.Deliver(queuedb_pb2.TransferBatch(messages=_batch(16, 16).messages), timeout=30)
+        state = await stub.GetRecoveryState(queuedb_pb2.GetRecoveryStateRequest(sender_node="node9"), timeout=30)
+    assert (first.last_received_id, first.duplicates) == (10, 0)
+    assert (replay.last_received_id, replay.duplicates) == (10, 10)
+    assert (overlap.last_received_id, overlap.duplicates) == (15, 6)
+    assert gap.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "up to 15" in (gap.value.details() or "")
+    assert holes.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert nameless.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert state.last_received_id == 15
+    assert _received(node2) == [f"m{i}".encode() for i in range(1, 16)]
+
+
+async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, Node, Node]) -> None:
+    _, node2, receiver, _ = two_nodes
+    receiver.start()
+    assert receiver.proc is not None
+    async with aio.insecure_channel(receiver.proc.address) as channel:
+        stub = queuedb_pb2_grpc.TransferStub(channel)
+        for gid, batch in (("sokutatsu:node9:node2:1", _batch(1, 3)), ("sokutatsu:node9:node2:2", _batch(4, 5))):
+            await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=30)
+        # A resent prepare of the same gid is accepted and changes nothing.
+        await stub.PrepareBatch(
+            queuedb_pb2.PrepareBatchRequest(batch=_batch(1, 3), gid="sokutatsu:node9:node2:1"), timeout=30
+        )
+        listed = await stub.ListPrepared(queuedb_pb2.ListPreparedRequest(sender_node="node9"), timeout=30)
+        assert _received(node2) == []  # prepared, not committed
+        committed = await stub.FinishPrepared(
+            queuedb_pb2.FinishPreparedRequest(gid="sokutatsu:node9:node2:1", commit=True), timeout=30
+        )
+        aborted = await stub.FinishPrepared(
+            queuedb_pb2.FinishPreparedRequest(gid="sokutatsu:node9:node2:2", commit=False), timeout=30
+        )
+        again = await stub.FinishPrepared(
+            queuedb_pb2.FinishPreparedRequest(gid="sokutatsu:node9:node2:1", commit=True), timeout=30
+        )
+        with pytest.raises(aio.AioRpcError) as foreign:
+            await stub.FinishPrepared(queuedb_pb2.FinishPreparedRequest(gid="someone-else", commit=True), timeout=30)
+        after = await stub.ListPrepared(queuedb_pb2.ListPreparedRequest(sender_node="node9"), timeout=30)
+    assert list(listed.gids) == ["sokutatsu:node9:node2:1", "sokutatsu:node9:node2:2"]
+    assert (committed.found, aborted.found, again.found) == (True, True, False)
+    assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert list(after.gids) == []
+    assert _received(node2) == [b"m1", b"m2", b"m3"]
