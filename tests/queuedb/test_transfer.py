@@ -131,14 +131,14 @@ def _outbox(dsn: str) -> int:
     return int(row[0]) if row else -1
 
 
-async def _enqueue_all(dsn: str, total: int, rng: random.Random) -> list[bytes]:
+async def _enqueue_all(dsn: str, total: int, rng: random.Random, prefix: str = "order") -> list[bytes]:
     """The application: transactions of 1-30 messages, one in five rolled back; returns what committed."""
     committed: list[bytes] = []
     n = 0
     with psycopg.connect(dsn) as conn:
         while len(committed) < total:
             size = min(rng.randint(1, 30), total - len(committed))
-            bodies = [f"order-{n + i}".encode() for i in range(size)]
+            bodies = [f"{prefix}-{n + i}".encode() for i in range(size)]
             n += size
             enqueue_batch(conn, "orders", [Message(b, key=f"k{i}") for i, b in enumerate(bodies)])
             if rng.random() < 0.2:
@@ -312,3 +312,49 @@ async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, No
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert list(after.gids) == []
     assert _received(node2) == [b"m1", b"m2", b"m3"]
+
+
+def _set_connections(server_dsn: str, dsn: str, allowed: bool) -> None:
+    """Open or close a database to new connections, dropping the ones it has (a database outage)."""
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
+                psycopg.sql.Identifier(str(name)), psycopg.sql.SQL("true" if allowed else "false")
+            )
+        )
+        if not allowed:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+
+
+async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resumes(
+    two_nodes: tuple[str, str, Node, Node], pg_dsn: str
+) -> None:
+    node1, node2, receiver, daemon = two_nodes
+    receiver.start()
+    daemon.start()
+    assert receiver.proc is not None
+    first = await _enqueue_all(node1, 200, random.Random(3))  # noqa: S311
+    await _until(lambda: len(_received(node2)) >= len(first), "the first part", (receiver, daemon), (node1, node2))
+    _set_connections(pg_dsn, node2, allowed=False)
+    try:
+        async with aio.insecure_channel(receiver.proc.address) as channel:
+            stub = queuedb_pb2_grpc.TransferStub(channel)
+            with pytest.raises(aio.AioRpcError) as down:
+                await stub.GetRecoveryState(queuedb_pb2.GetRecoveryStateRequest(sender_node="node1"), timeout=60)
+        # Meanwhile the application goes on enqueuing on node 1.
+        second = await _enqueue_all(node1, 200, random.Random(4), prefix="later")  # noqa: S311
+    finally:
+        _set_connections(pg_dsn, node2, allowed=True)
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "does not answer" in (down.value.details() or "")
+    committed = first + second
+    await _until(
+        lambda: len(_received(node2)) >= len(committed), "the transfer to resume", (receiver, daemon), (node1, node2)
+    )
+    assert _received(node2) == committed
+    assert daemon.alive(), "the daemon must ride out the outage (it retries), not die"
+    assert receiver.alive()
