@@ -44,3 +44,4 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench slow-subscriber $(if $(QUICK),--quick) --json bench/results/slow-subscriber$(if $(QUICK),-quick).json --plots bench/results/plots$(if $(QUICK),-quick)
 	$(RUN) sokutatsu bench peers $(if $(QUICK),--quick) --json bench/results/peers$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench sequencer $(if $(QUICK),--quick) --json bench/results/sequencer$(if $(QUICK),-quick).json
+	$(RUN) sokutatsu bench queue-db $(if $(QUICK),--quick) --json bench/results/queue-db$(if $(QUICK),-quick).json

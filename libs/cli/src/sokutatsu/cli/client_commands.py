@@ -330,3 +330,56 @@ def bench_peers(
     measured = [f for f in result["systems"].values() if "skipped" not in f]
     if any("error" in s for f in measured for s in f.values() if isinstance(s, dict)):
         raise typer.Exit(1)
+
+
+def bench_queuedb(
+    quick: Annotated[bool, typer.Option("--quick", help="Shorter phases, for a smoke run of about a minute.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+) -> None:
+    """Queue-db: enqueue vs a raw insert (pgbench), SDK enqueue and batches, transfer 1PC vs 2PC."""
+    import os  # noqa: PLC0415 - only for this command
+
+    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
+    from sokutatsu.cli.bench_queuedb import FULL, QUICK, run  # noqa: PLC0415
+
+    cfg = QUICK if quick else FULL
+    server_dsn = os.environ.get("SOKUTATSU_PG_DSN") or None
+    console.print(
+        f"bench queue-db ({'quick' if quick else 'full'}) on "
+        f"{'SOKUTATSU_PG_DSN' if server_dsn else 'an embedded PostgreSQL cluster'}: {cfg.concurrency} clients, "
+        f"{cfg.size}-byte bodies, {cfg.seconds}s per phase (raw insert, enqueue with pgbench, SDK enqueue, "
+        f"batches of {cfg.batch:,}); then transfer of {cfg.transfer_messages:,} messages node1 -> node2, 1PC and 2PC"
+    )
+    result = asyncio.run(run(cfg, server_dsn, "SOKUTATSU_PG_DSN"))
+    result["mode"] = "quick" if quick else "full"
+    phases = result["phases"]
+
+    def line(label: str, value: int | None, unit: str, phase: str) -> None:
+        console.print(f"  {label:<28} {value:>10,} {unit:<8} CPU steal {phases[phase]['cpu_steal_percent']}%")
+
+    line("pgbench raw insert", result["pgbench_insert_tps"], "tx/s", "pgbench_insert")
+    line("enqueue (pgbench, SDK SQL)", result["enqueue_tx_per_s"], "tx/s", "enqueue_pgbench")
+    line("SDK enqueue_async", result["sdk_enqueue_tx_per_s"], "tx/s", "sdk_enqueue")
+    line(f"SDK enqueue_batch ({cfg.batch:,})", result["enqueue_batch_msgs_per_s"], "msgs/s", "enqueue_batch")
+    for mode in ("1pc", "2pc"):
+        transfer = phases[f"transfer_{mode}"]
+        line(f"transfer {mode}", transfer["msgs_per_s"], "msgs/s", f"transfer_{mode}")
+        console.print(
+            f"    {transfer['received']:,} of {transfer['messages']:,} received in {transfer['seconds']}s after the "
+            f"daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} msgs/s "
+            f"with it), outbox left {transfer['outbox_left']}, complete {transfer['complete']}"
+        )
+    console.print("  alternate / both durable: not built yet (null)")
+    ratios = result["ratios"]
+    console.print(
+        f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
+        f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
+        f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}); "
+        f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
+    )
+    write_json(json_path, result)
+    if json_path:
+        console.print(f"wrote {json_path}")
+    print(json.dumps({k: result[k] for k in ("pgbench_insert_tps", "enqueue_tx_per_s", "ratios")}))  # noqa: T201
+    if not result["transfers_complete"]:
+        raise typer.Exit(1)

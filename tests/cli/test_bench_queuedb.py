@@ -1,0 +1,58 @@
+"""The queue-db benchmark's machinery on a tiny real run against the session's PostgreSQL: pgbench
+runs the raw insert and the SDK's own enqueue statement, the SDK phases enqueue, and both transfer
+modes deliver every preloaded message once with node1's outbox left empty. The figures themselves
+come from `make bench`."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from sokutatsu.cli.bench_queuedb import QueueDbBenchConfig, run
+
+pytestmark = pytest.mark.timeout(240)
+TINY = QueueDbBenchConfig(seconds=1, concurrency=2, transfer_messages=1_500, batch=100, transfer_batch=200)
+FIGURES = (
+    "pgbench_insert_tps",
+    "enqueue_tx_per_s",
+    "sdk_enqueue_tx_per_s",
+    "enqueue_batch_msgs_per_s",
+    "transfer_1pc_msgs_per_s",
+    "transfer_2pc_msgs_per_s",
+)
+
+
+def _bench_databases(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_qdb\\_%'").fetchall()
+    return [r[0] for r in rows]
+
+
+async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn: str) -> None:
+    before = _bench_databases(pg_dsn)
+    result = await run(TINY, pg_dsn)
+    for figure in FIGURES:
+        assert isinstance(result[figure], int), figure
+        assert result[figure] > 0, figure
+    phases = result["phases"]
+    assert phases["pgbench_insert"]["failed"] == phases["enqueue_pgbench"]["failed"] == 0
+    assert phases["enqueue_pgbench"]["transactions"] > 0
+    assert phases["enqueue_batch"]["messages"] % TINY.batch == 0
+    for mode in ("1pc", "2pc"):
+        transfer = phases[f"transfer_{mode}"]
+        assert transfer["received"] == TINY.transfer_messages, mode
+        assert transfer["outbox_left"] == 0, mode
+        assert transfer["prepared_left"] == 0, mode
+        assert transfer["complete"], mode
+    assert result["transfers_complete"]
+    assert result["alternate_msgs_per_s"] is None
+    assert result["both_durable_msgs_per_s"] is None
+    assert set(result["not_built"]) == {"alternate_msgs_per_s", "both_durable_msgs_per_s"}
+    ratios = result["ratios"]
+    assert ratios["enqueue_vs_raw"] > 0
+    assert ratios["onephase_vs_twophase"] > 0
+    assert isinstance(ratios["batch_target_met"], bool)
+    assert result["postgres"]["version"]
+    assert result["postgres"]["source"] == "given"
+    assert result["machine"]["cpus"]
+    assert _bench_databases(pg_dsn) == before  # node1 and node2 dropped
