@@ -150,7 +150,10 @@ async def test_queues_are_created_read_listed_and_counted(node: Node, queues: St
     # A forwarding queue's messages wait in the outbox; the daemon marks a batch as sending.
     await _enqueue(queues, "to-node2", b"x", b"y", b"z")
     with psycopg.connect(node.dsn, autocommit=True) as conn:
-        conn.execute("UPDATE sokutatsu.outbox SET transfer_id = 1 WHERE id = (SELECT min(id) FROM sokutatsu.outbox)")
+        conn.execute(
+            "INSERT INTO sokutatsu.transfer_batches (to_node, first_id, last_id, outbox_ids) "
+            "SELECT 'node2', 1, 1, ARRAY[min(id)] FROM sokutatsu.outbox"
+        )
     stats = await _stats(queues, "to-node2")
     assert (stats.ready, stats.leased, stats.transfer_pending, stats.transfer_sending) == (0, 0, 2, 1)
     assert stats.oldest_ready_unix_nano == 0

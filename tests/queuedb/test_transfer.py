@@ -152,10 +152,15 @@ async def _enqueue_all(dsn: str, total: int, rng: random.Random, prefix: str = "
 
 def _state(dsn: str) -> str:
     with psycopg.connect(dsn) as conn:
-        outbox = conn.execute("SELECT count(*), count(transfer_id) FROM sokutatsu.outbox").fetchone()
+        outbox = conn.execute(
+            "SELECT count(*), (SELECT count(*) FROM sokutatsu.transfer_batches) FROM sokutatsu.outbox"
+        ).fetchone()
         messages = conn.execute("SELECT count(*) FROM sokutatsu.messages").fetchone()
         decisions = conn.execute("SELECT count(*) FROM sokutatsu.twopc_decisions").fetchone()
-    return f"outbox (rows, sending) {outbox}, messages {messages}, 2pc decisions {decisions}, prepared {_prepared(dsn)}"
+    return (
+        f"outbox (rows, sending batches) {outbox}, messages {messages}, 2pc decisions {decisions}, "
+        f"prepared {_prepared(dsn)}"
+    )
 
 
 async def _until(

@@ -37,7 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sokutatsu.cli.bench_common import cpu_sample, machine, service_process, steal_percent
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, create_database, database_dsn, find_bindir
 from sokutatsu.queuedb.enqueue import (
-    _ENQUEUE,
-    TRANSFER_CHANNEL,
+    _ENQUEUE_LOCAL,
     Message,
     enqueue_async,
     enqueue_batch,
@@ -87,6 +86,9 @@ class QueueDbBenchConfig:
     transfer_batch: int = 1_000  # SOKUTATSU_TRANSFER_BATCH
     size: int = 256  # body bytes
 
+
+# Messages per batch of the small-batch transfer runs (a tenth of the messages).
+SMALL_BATCH = 10
 
 QUICK = QueueDbBenchConfig(seconds=3, concurrency=8, transfer_messages=20_000)
 FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000)
@@ -187,21 +189,14 @@ def _pgbench_connection(dsn: str) -> tuple[str, dict[str, str]]:
 
 
 def enqueue_script(body: str) -> Script:
-    """The SDK's enqueue statement for pgbench (one message of ``body``, the local queue), and its
-    -D variables.
+    """The statement the SDK's ``enqueue`` runs for one message to a local queue, for pgbench
+    (one message of ``body``), and its -D variables.
 
     Each ``%(name)s`` of the SDK's statement becomes a pgbench variable, or a literal where pgbench
     cannot pass the value (NULL). A placeholder this does not know fails here rather than
     measuring another statement."""
-    variables = {
-        "queue": LOCAL_QUEUE,
-        # Array literals in text form; the body in bytea's escape format (plain ASCII is itself).
-        "bodies": f"{{{body}}}",
-        "headers": "{NULL}",
-        "keys": '{""}',
-        "channel": TRANSFER_CHANNEL,
-    }
-    literals = {"immediate": "NULL"}
+    variables = {"queue": LOCAL_QUEUE, "body": body}
+    literals = {"headers": "NULL", "key": "''"}  # pgbench -D cannot give an empty value
 
     def replace(match: re.Match[str]) -> str:
         name = match[1]
@@ -211,7 +206,7 @@ def enqueue_script(body: str) -> Script:
             return f":{name}"
         raise RuntimeError(f"the SDK's enqueue statement has a parameter {name!r} this benchmark does not know")
 
-    return Script("enqueue", re.sub(r"%\((\w+)\)s", replace, _ENQUEUE).strip() + ";\n", variables)
+    return Script("enqueue", re.sub(r"%\((\w+)\)s", replace, _ENQUEUE_LOCAL).strip() + ";\n", variables)
 
 
 @dataclass
@@ -380,7 +375,7 @@ def measure_transfer(node1: str, node2: str, mode: str, cfg: QueueDbBenchConfig,
     preload(node1, cfg)
     _settle(node1)
     n = cfg.transfer_messages
-    run_folder = folder / f"transfer-{mode}"
+    run_folder = folder / f"transfer-{mode}-{cfg.transfer_batch}"
     run_folder.mkdir()
     limit = max(120.0, n / 500)
     with service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver:
@@ -471,6 +466,11 @@ async def measure(cfg: QueueDbBenchConfig, server: Server, folder: Path) -> dict
         phases["enqueue_batch"] = await _phase(sdk_enqueue_batch(node1, cfg))
         for mode in ("1pc", "2pc"):
             phases[f"transfer_{mode}"] = measure_transfer(node1, node2, mode, cfg, folder)
+        # Small batches: the per-batch protocol cost (commits and round trips) shows; seed 004
+        # transfers message by message.
+        small = replace(cfg, transfer_batch=SMALL_BATCH, transfer_messages=cfg.transfer_messages // 10)
+        for mode in ("1pc", "2pc"):
+            phases[f"transfer_{mode}_small_batch"] = measure_transfer(node1, node2, mode, small, folder)
     return phases
 
 
@@ -488,6 +488,8 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
     enqueue = phases["enqueue_pgbench"]["tx_per_s"]
     batch = phases["enqueue_batch"]["msgs_per_s"]
     one, two = phases["transfer_1pc"]["msgs_per_s"], phases["transfer_2pc"]["msgs_per_s"]
+    one_small = phases["transfer_1pc_small_batch"]["msgs_per_s"]
+    two_small = phases["transfer_2pc_small_batch"]["msgs_per_s"]
     ratios: dict[str, Any] = {
         "enqueue_vs_raw": _ratio(enqueue, raw),
         "enqueue_vs_raw_target": TARGETS["enqueue_vs_raw"],
@@ -495,6 +497,7 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
         "batch_target_met": batch >= TARGETS["batch_msgs_per_s"],
         "onephase_vs_twophase": _ratio(one, two),
         "onephase_vs_twophase_target": TARGETS["onephase_vs_twophase"],
+        "onephase_vs_twophase_small_batch": _ratio(one_small, two_small),
     }
     ratios["enqueue_vs_raw_met"] = (ratios["enqueue_vs_raw"] or 0) >= TARGETS["enqueue_vs_raw"]
     ratios["onephase_vs_twophase_met"] = (ratios["onephase_vs_twophase"] or 0) >= TARGETS["onephase_vs_twophase"]
@@ -506,11 +509,12 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
         "enqueue_batch_msgs_per_s": batch,
         "transfer_1pc_msgs_per_s": one,
         "transfer_2pc_msgs_per_s": two,
+        "transfer_small_batch": {"batch": SMALL_BATCH, "1pc_msgs_per_s": one_small, "2pc_msgs_per_s": two_small},
         "alternate_msgs_per_s": None,
         "both_durable_msgs_per_s": None,
         "not_built": {"alternate_msgs_per_s": NOT_BUILT, "both_durable_msgs_per_s": NOT_BUILT},
         "ratios": ratios,
-        "transfers_complete": phases["transfer_1pc"]["complete"] and phases["transfer_2pc"]["complete"],
+        "transfers_complete": all(p["complete"] for k, p in phases.items() if k.startswith("transfer_")),
         "phases": phases,
         "config": asdict(cfg),
         "postgres": {**facts, "source": server.source, "pgbench": str(server.bindir / "pgbench")},

@@ -361,9 +361,9 @@ def bench_queuedb(
     line("enqueue (pgbench, SDK SQL)", result["enqueue_tx_per_s"], "tx/s", "enqueue_pgbench")
     line("SDK enqueue_async", result["sdk_enqueue_tx_per_s"], "tx/s", "sdk_enqueue")
     line(f"SDK enqueue_batch ({cfg.batch:,})", result["enqueue_batch_msgs_per_s"], "msgs/s", "enqueue_batch")
-    for mode in ("1pc", "2pc"):
-        transfer = phases[f"transfer_{mode}"]
-        line(f"transfer {mode}", transfer["msgs_per_s"], "msgs/s", f"transfer_{mode}")
+    for key in ("transfer_1pc", "transfer_2pc", "transfer_1pc_small_batch", "transfer_2pc_small_batch"):
+        transfer = phases[key]
+        line(f"transfer {key[9:12]}, batches of {transfer['batch']:,}", transfer["msgs_per_s"], "msgs/s", key)
         console.print(
             f"    {transfer['received']:,} of {transfer['messages']:,} received in {transfer['seconds']}s after the "
             f"daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} msgs/s "
@@ -374,7 +374,8 @@ def bench_queuedb(
     console.print(
         f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
         f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
-        f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}); "
+        f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}), "
+        f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}; "
         f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
     )
     write_json(json_path, result)

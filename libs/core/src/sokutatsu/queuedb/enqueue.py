@@ -6,8 +6,9 @@ the caller's business update. Nothing is sent anywhere: a queue with a transfer 
 its message in the outbox, and the transfer daemon moves it after the commit (woken at
 once by ``NOTIFY`` for an immediate queue; NOTIFY is delivered only on commit).
 
-Both functions have an ``async`` twin taking a ``psycopg.AsyncConnection``. Each call is
-one round trip, batches included (arrays unnested server-side, in order).
+Both functions have an ``async`` twin taking a ``psycopg.AsyncConnection``. A message to a
+local queue is one round trip (a plain ``INSERT ... SELECT``), a batch too (arrays unnested
+server-side, in order); a single message to a forwarding queue takes two.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ SELECT (SELECT count(*) FROM q),
 """
 
 
+# One message into a local queue, the common case: a plain INSERT ... SELECT (the queue's row
+# checked in the same statement). No row back: the queue forwards, or does not exist; then
+# _ENQUEUE runs. The CTE statement costs about 30 % more per message than this one.
+_ENQUEUE_LOCAL = """
+INSERT INTO sokutatsu.messages (queue, body, headers, key)
+SELECT name, %(body)s::bytea, %(headers)s::jsonb, %(key)s::text
+FROM sokutatsu.queues WHERE name = %(queue)s AND to_node = ''
+RETURNING seq
+"""
+
+
 def _params(queue: str, messages: Sequence[Message], immediate: bool | None) -> dict[str, object]:
     if not messages:
         raise ValueError("nothing to enqueue: give at least one message")
@@ -82,6 +94,17 @@ def _params(queue: str, messages: Sequence[Message], immediate: bool | None) -> 
         "keys": [m.key for m in messages],
         "channel": TRANSFER_CHANNEL,
         "immediate": immediate,
+    }
+
+
+def _one(queue: str, message: Message) -> dict[str, object]:
+    if len(message.body) > MAX_BODY_BYTES:
+        raise ValueError(f"a message body of {len(message.body):,} bytes is over the {MAX_BODY_BYTES:,}-byte limit")
+    return {
+        "queue": queue,
+        "body": message.body,
+        "headers": json.dumps(dict(message.headers)) if message.headers else None,
+        "key": message.key,
     }
 
 
@@ -105,7 +128,11 @@ def enqueue(
     """Enqueue one message in ``conn``'s current transaction; return its id (its ``seq`` in a
     local queue, its outbox id in a forwarding one). ``immediate``: wake the transfer daemon on
     commit (True), leave it to the queue's deferred thresholds (False), or as the queue says (None)."""
-    return enqueue_batch(conn, queue, [Message(body, headers, key)], immediate=immediate)[0]
+    message = Message(body, headers, key)
+    row = conn.execute(_ENQUEUE_LOCAL, _one(queue, message)).fetchone()
+    if row is not None:
+        return int(row[0])
+    return enqueue_batch(conn, queue, [message], immediate=immediate)[0]
 
 
 def enqueue_batch(
@@ -126,7 +153,12 @@ async def enqueue_async(
     immediate: bool | None = None,
 ) -> int:
     """:func:`enqueue` on an ``AsyncConnection``."""
-    return (await enqueue_batch_async(conn, queue, [Message(body, headers, key)], immediate=immediate))[0]
+    message = Message(body, headers, key)
+    cursor = await conn.execute(_ENQUEUE_LOCAL, _one(queue, message))
+    row = await cursor.fetchone()
+    if row is not None:
+        return int(row[0])
+    return (await enqueue_batch_async(conn, queue, [message], immediate=immediate))[0]
 
 
 async def enqueue_batch_async(

@@ -42,8 +42,10 @@ _STATS = """
 SELECT
     (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now()),
     (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at > now() AND lease_id IS NOT NULL),
-    (SELECT count(*) FROM sokutatsu.outbox WHERE queue = q.name AND transfer_id IS NULL),
-    (SELECT count(*) FROM sokutatsu.outbox WHERE queue = q.name AND transfer_id IS NOT NULL),
+    (SELECT count(*) FROM sokutatsu.outbox o WHERE o.queue = q.name AND NOT EXISTS (
+        SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))),
+    (SELECT count(*) FROM sokutatsu.outbox o WHERE o.queue = q.name AND EXISTS (
+        SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))),
     (SELECT min(enqueued_at) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now())
 FROM sokutatsu.queues q WHERE q.name = %s
 """
@@ -68,7 +70,7 @@ leased AS (
     SET lease_id = gen_random_uuid(),
         visible_at = now() + %(timeout_ms)s * interval '1 millisecond',
         delivery_count = m.delivery_count + 1
-    FROM picked WHERE m.seq = picked.seq
+    FROM picked WHERE m.queue = %(queue)s AND m.seq = picked.seq
     RETURNING m.seq, m.body, m.headers, m.key, m.enqueued_at, m.delivery_count, m.lease_id
 )
 SELECT q.to_node, q.to_queue, l.seq, l.body, l.headers, l.key, l.enqueued_at, l.delivery_count, l.lease_id

@@ -3,14 +3,14 @@ one-phase protocol of seed 004 (§3.3.3 Fig. 3 and §3.3.4), batched.
 
 Per receiving node, in a loop:
 
-1. **assign** (one local transaction): messages already *sending* (a transfer id, no
-   confirmation) are resent as they are; otherwise the next pending messages get dense
-   transfer ids after the cursor ``transfer_out.last_sent_id``, which moves with them.
-   Commit (durably), then send;
+1. **assign** (one local transaction): a batch already *sending* (a row in
+   ``transfer_batches``, not confirmed) is resent as it is; otherwise the next messages
+   become a batch with dense transfer ids after the cursor ``transfer_out.last_sent_id``,
+   which moves with them: one batch row, no update per message. Commit (durably), then send;
 2. **deliver**: the receiver stores the batch and its recovery row in one transaction
    and answers with its ``last_received_id``;
-3. **mark sent** (one local transaction): the confirmed messages are deleted. This commit
-   need not be durable: if it is lost, step 0 repeats it.
+3. **mark sent** (one local transaction): the confirmed batch and its messages are
+   deleted. This commit need not be durable: if it is lost, step 0 repeats it.
 
 0. **recover**, on every (re)connection: ask the receiver's ``last_received_id``; sending
    messages at or below it are marked sent without resending (seed case 2-2), the rest are
@@ -115,20 +115,33 @@ class TransferSettings(ServiceSettings):
     )
 
 
+# The batch being sent (resent after a reconnection), its messages in transfer id order.
 _PICK = """
-SELECT id, queue, to_queue, body, headers, key, (extract(epoch FROM enqueued_at) * 1e9)::bigint, transfer_id
-FROM sokutatsu.outbox
-WHERE to_node = %(node)s AND transfer_id IS NOT NULL
-ORDER BY transfer_id
-LIMIT %(limit)s
+SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM o.enqueued_at) * 1e9)::bigint,
+       b.first_id + t.n - 1
+FROM (SELECT first_id, outbox_ids FROM sokutatsu.transfer_batches WHERE to_node = %(node)s
+      ORDER BY first_id LIMIT 1) AS b,
+     unnest(b.outbox_ids) WITH ORDINALITY AS t(id, n)
+JOIN sokutatsu.outbox o ON o.id = t.id
+ORDER BY t.n
 """
+# Messages not in a batch yet, oldest first.
 _PICK_NEW = """
-SELECT id, queue, to_queue, body, headers, key, (extract(epoch FROM enqueued_at) * 1e9)::bigint, NULL::bigint
-FROM sokutatsu.outbox
-WHERE to_node = %(node)s AND transfer_id IS NULL
-ORDER BY id
+SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM o.enqueued_at) * 1e9)::bigint,
+       NULL::bigint
+FROM sokutatsu.outbox o
+WHERE o.to_node = %(node)s
+  AND NOT EXISTS (SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))
+ORDER BY o.id
 LIMIT %(limit)s
-FOR UPDATE
+FOR UPDATE OF o
+"""
+# The batches the receiver confirmed, and their messages: gone.
+_SENT = """
+WITH done AS (
+    DELETE FROM sokutatsu.transfer_batches WHERE to_node = %s AND last_id <= %s RETURNING outbox_ids
+)
+DELETE FROM sokutatsu.outbox WHERE id IN (SELECT unnest(outbox_ids) FROM done)
 """
 _DEFERRED_DUE = """
 SELECT coalesce(bool_or(
@@ -138,7 +151,7 @@ SELECT coalesce(bool_or(
            OR (q.max_age_ms > 0 AND c.oldest <= now() - q.max_age_ms * interval '1 millisecond')
        ), false)
 FROM (SELECT queue, count(*) AS n, min(enqueued_at) AS oldest
-      FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id IS NULL GROUP BY queue) AS c
+      FROM sokutatsu.outbox WHERE to_node = %s GROUP BY queue) AS c
 LEFT JOIN sokutatsu.queues q ON q.name = c.queue
 """
 
@@ -197,10 +210,7 @@ class PeerLink:
         received = state.last_received_id
         async with conn.transaction():
             last_sent = await self._cursor(conn)
-            cursor = await conn.execute(
-                "DELETE FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id <= %s",
-                (self.peer.node, received),
-            )
+            cursor = await conn.execute(_SENT, (self.peer.node, received))
             done = cursor.rowcount
             if received > last_sent:
                 log.warning(
@@ -242,20 +252,18 @@ class PeerLink:
                 picked = await (await conn.execute(_PICK_NEW, params)).fetchall()
                 picked = _within_bytes(picked)
                 if picked:
-                    ids = [r[0] for r in picked]
-                    tids = list(range(last + 1, last + 1 + len(picked)))
+                    # One row marks the whole batch sending (seed 004's flag), not an update per message.
+                    first, final = last + 1, last + len(picked)
                     await conn.execute(
-                        "UPDATE sokutatsu.outbox o SET transfer_id = t.tid "
-                        "FROM unnest(%s::bigint[], %s::bigint[]) AS t(id, tid) WHERE o.id = t.id",
-                        (ids, tids),
+                        "INSERT INTO sokutatsu.transfer_batches (to_node, first_id, last_id, outbox_ids) "
+                        "VALUES (%s, %s, %s, %s)",
+                        (self.peer.node, first, final, [r[0] for r in picked]),
                     )
                     await conn.execute(
                         "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
-                        (tids[-1], self.peer.node),
+                        (final, self.peer.node),
                     )
-                    rows = [(*r[:7], tid) for r, tid in zip(picked, tids, strict=True)]
-            else:
-                rows = _within_bytes(rows)
+                    rows = [(*r[:7], first + i) for i, r in enumerate(picked)]
         if rows:
             self.crash.reach("sender:assigned")
         return _batch(self.settings.instance, rows)
@@ -264,10 +272,7 @@ class PeerLink:
         async with conn.transaction():
             # Not durable: a lost deletion is redone by recovery (the receiver has these).
             await conn.execute("SET LOCAL synchronous_commit = off")
-            await conn.execute(
-                "DELETE FROM sokutatsu.outbox WHERE to_node = %s AND transfer_id <= %s",
-                (self.peer.node, last_received),
-            )
+            await conn.execute(_SENT, (self.peer.node, last_received))
 
     async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Until a NOTIFY names this receiver, or a deferred queue's threshold is reached."""
@@ -315,7 +320,10 @@ class PeerLink:
                     gid,
                 )
             self.crash.reach("sender:finished")
-            await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
+            async with conn.transaction():
+                # Not durable: a decision row left behind after a crash is only removed by the next recovery.
+                await conn.execute("SET LOCAL synchronous_commit = off")
+                await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
             self.sent += len(batch.messages)
 
     async def _prepare_local(self, conn: psycopg.AsyncConnection[Any]) -> tuple[str, queuedb_pb2.TransferBatch] | None:
