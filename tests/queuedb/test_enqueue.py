@@ -3,9 +3,15 @@ batches keep their order, the schema migrates once, unknown queues and oversized
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import uuid
+
 import psycopg
 import pytest
+from psycopg import sql
 
+from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.queuedb.enqueue import (
     MAX_BODY_BYTES,
     Message,
@@ -98,3 +104,43 @@ def test_migrations_apply_once(node_database: NodeDatabase) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert current_version(conn) == latest_version() >= 1
         assert migrate(conn) == []
+
+
+def test_the_migrate_command_brings_an_application_database_to_the_latest_version(pg_dsn: str) -> None:
+    name = f"app_{uuid.uuid4().hex[:10]}"
+    create_database(pg_dsn, name)
+    dsn = database_dsn(pg_dsn, name)
+    try:
+        first = subprocess.run(
+            [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", dsn],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        again = subprocess.run(
+            [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", dsn],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            version = current_version(conn)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"schema version 0 -> {latest_version()}" in first.stdout
+    assert again.returncode == 0
+    assert "nothing to do" in again.stdout
+    assert version == latest_version()
+    bad = subprocess.run(
+        [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", "host=127.0.0.1 port=1 dbname=x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert "cannot migrate" in bad.stdout

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli import client_commands, simulate_command, status_command
+from sokutatsu.cli import client_commands, queuedb_command, simulate_command, status_command
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
@@ -226,6 +226,9 @@ bench_app.command("peers")(client_commands.bench_peers)
 bench_app.command("sequencer")(client_commands.bench_sequencer)
 bench_app.command("queue-db")(client_commands.bench_queuedb)
 app.add_typer(bench_app, name="bench")
+queuedb_app = typer.Typer(help="Queue-db administration.", no_args_is_help=True)
+queuedb_app.command("migrate")(queuedb_command.queuedb_migrate)
+app.add_typer(queuedb_app, name="queuedb")
 simulate_app = typer.Typer(help="Discrete-event simulations of the seeds' experiments.", no_args_is_help=True)
 simulate_app.command("atop")(simulate_command.simulate_atop)
 app.add_typer(simulate_app, name="simulate")

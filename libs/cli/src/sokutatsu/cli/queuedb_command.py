@@ -16,7 +16,7 @@ from rich.console import Console
 from sokutatsu.core.embedded_pg import redact_dsn
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
 
-console = Console()
+console = Console(soft_wrap=True)  # a DSN line must not break where a script greps it
 
 
 def queuedb_migrate(
