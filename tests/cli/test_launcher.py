@@ -37,7 +37,7 @@ E2E_TIMEOUT_SECONDS = 360
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(E2E_TIMEOUT_SECONDS)]
 
-SERVICE_NAMES = {"seq-a", "seq-b", "broker-a", "broker-b", "monitor", "queuedb-1", "queuedb-2"}
+SERVICE_NAMES = {"seq-a", "seq-b", "broker-a", "broker-b", "monitor", "queuedb-1", "queuedb-2", "transfer-1"}
 
 
 def _alive(pid: int) -> bool:
@@ -186,7 +186,7 @@ def test_demo_brings_everything_up_and_down(launch: Launch, pg_tmp_folder: Path)
     out, err = demo.finish()
     assert demo.process.returncode == 0, err
     assert err == ""
-    assert "all 7 services report SERVING" in out
+    assert "all 8 services report SERVING" in out
     assert not (state / "postgres" / "postmaster.pid").exists()
 
 

@@ -93,7 +93,7 @@ def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str
         "sokutatsu.queuedb.transferd",
         {
             "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_TRANSFER_INSTANCE": "node1",
+            "SOKUTATSU_TRANSFER_NODE": "node1",
             "SOKUTATSU_TRANSFER_DSN": node1,
             "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
             "SOKUTATSU_TRANSFER_BATCH": "40",

@@ -46,6 +46,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.cli.bench_common import cpu_sample, machine, service_process, steal_percent
+from sokutatsu.cli.bench_link import delayed_link
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, create_database, database_dsn, find_bindir
 from sokutatsu.queuedb.enqueue import (
     _ENQUEUE_LOCAL,
@@ -89,6 +90,10 @@ class QueueDbBenchConfig:
 
 # Messages per batch of the small-batch transfer runs (a tenth of the messages).
 SMALL_BATCH = 10
+# The inter-site runs: a relay delays every byte between the nodes this long each way (a
+# 10 ms round trip, two sites in one region), batches of WAN_BATCH, a tenth of the messages.
+WAN_ONE_WAY_MS = 5.0
+WAN_BATCH = 100
 
 QUICK = QueueDbBenchConfig(seconds=3, concurrency=8, transfer_messages=20_000)
 FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000)
@@ -370,23 +375,29 @@ def _outbox_drained(node1: str, limit: float = 30.0) -> int:
         time.sleep(POLL_SECONDS)
 
 
-def measure_transfer(node1: str, node2: str, mode: str, cfg: QueueDbBenchConfig, folder: Path) -> dict[str, Any]:
+def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes, where, and the link
+    node1: str, node2: str, mode: str, cfg: QueueDbBenchConfig, folder: Path, one_way_ms: float = 0.0
+) -> dict[str, Any]:
     reset_transfer(node1, node2)
     preload(node1, cfg)
     _settle(node1)
     n = cfg.transfer_messages
-    run_folder = folder / f"transfer-{mode}-{cfg.transfer_batch}"
+    run_folder = folder / f"transfer-{mode}-{cfg.transfer_batch}-{one_way_ms:g}ms"
     run_folder.mkdir()
     limit = max(120.0, n / 500)
-    with service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver:
+    with (
+        service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver,
+        delayed_link(receiver.address, one_way_ms) as link,
+    ):
         before = cpu_sample()
         launched = time.perf_counter()
         with service_process(
             *TRANSFERD,
             run_folder,
             "node1",
+            node="node1",
             dsn=node1,
-            peers=f"node2={receiver.address}",
+            peers=f"node2={link}",
             mode=mode,
             batch=str(cfg.transfer_batch),
         ) as daemon:
@@ -408,6 +419,7 @@ def measure_transfer(node1: str, node2: str, mode: str, cfg: QueueDbBenchConfig,
         "msgs_per_s": round(n / seconds),
         "messages": n,
         "batch": cfg.transfer_batch,
+        "link_one_way_ms": one_way_ms,
         "seconds": round(seconds, 3),
         # From the daemon's launch (python start-up and imports included), for comparison.
         "daemon_start_s": round(start - launched, 3),
@@ -471,6 +483,10 @@ async def measure(cfg: QueueDbBenchConfig, server: Server, folder: Path) -> dict
         small = replace(cfg, transfer_batch=SMALL_BATCH, transfer_messages=cfg.transfer_messages // 10)
         for mode in ("1pc", "2pc"):
             phases[f"transfer_{mode}_small_batch"] = measure_transfer(node1, node2, mode, small, folder)
+        # Between two sites: every round trip between the nodes costs WAN_ONE_WAY_MS each way.
+        wan = replace(cfg, transfer_batch=WAN_BATCH, transfer_messages=cfg.transfer_messages // 10)
+        for mode in ("1pc", "2pc"):
+            phases[f"transfer_{mode}_wan"] = measure_transfer(node1, node2, mode, wan, folder, WAN_ONE_WAY_MS)
     return phases
 
 
@@ -490,6 +506,7 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
     one, two = phases["transfer_1pc"]["msgs_per_s"], phases["transfer_2pc"]["msgs_per_s"]
     one_small = phases["transfer_1pc_small_batch"]["msgs_per_s"]
     two_small = phases["transfer_2pc_small_batch"]["msgs_per_s"]
+    one_wan, two_wan = phases["transfer_1pc_wan"]["msgs_per_s"], phases["transfer_2pc_wan"]["msgs_per_s"]
     ratios: dict[str, Any] = {
         "enqueue_vs_raw": _ratio(enqueue, raw),
         "enqueue_vs_raw_target": TARGETS["enqueue_vs_raw"],
@@ -498,6 +515,7 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
         "onephase_vs_twophase": _ratio(one, two),
         "onephase_vs_twophase_target": TARGETS["onephase_vs_twophase"],
         "onephase_vs_twophase_small_batch": _ratio(one_small, two_small),
+        "onephase_vs_twophase_wan": _ratio(one_wan, two_wan),
     }
     ratios["enqueue_vs_raw_met"] = (ratios["enqueue_vs_raw"] or 0) >= TARGETS["enqueue_vs_raw"]
     ratios["onephase_vs_twophase_met"] = (ratios["onephase_vs_twophase"] or 0) >= TARGETS["onephase_vs_twophase"]
@@ -510,6 +528,12 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
         "transfer_1pc_msgs_per_s": one,
         "transfer_2pc_msgs_per_s": two,
         "transfer_small_batch": {"batch": SMALL_BATCH, "1pc_msgs_per_s": one_small, "2pc_msgs_per_s": two_small},
+        "transfer_wan": {
+            "batch": WAN_BATCH,
+            "link_one_way_ms": WAN_ONE_WAY_MS,
+            "1pc_msgs_per_s": one_wan,
+            "2pc_msgs_per_s": two_wan,
+        },
         "alternate_msgs_per_s": None,
         "both_durable_msgs_per_s": None,
         "not_built": {"alternate_msgs_per_s": NOT_BUILT, "both_durable_msgs_per_s": NOT_BUILT},

@@ -355,15 +355,16 @@ def bench_queuedb(
     phases = result["phases"]
 
     def line(label: str, value: int | None, unit: str, phase: str) -> None:
-        console.print(f"  {label:<28} {value:>10,} {unit:<8} CPU steal {phases[phase]['cpu_steal_percent']}%")
+        console.print(f"  {label:<42} {value:>10,} {unit:<8} CPU steal {phases[phase]['cpu_steal_percent']}%")
 
     line("pgbench raw insert", result["pgbench_insert_tps"], "tx/s", "pgbench_insert")
     line("enqueue (pgbench, SDK SQL)", result["enqueue_tx_per_s"], "tx/s", "enqueue_pgbench")
     line("SDK enqueue_async", result["sdk_enqueue_tx_per_s"], "tx/s", "sdk_enqueue")
     line(f"SDK enqueue_batch ({cfg.batch:,})", result["enqueue_batch_msgs_per_s"], "msgs/s", "enqueue_batch")
-    for key in ("transfer_1pc", "transfer_2pc", "transfer_1pc_small_batch", "transfer_2pc_small_batch"):
+    for key in [f"transfer_{m}{where}" for where in ("", "_small_batch", "_wan") for m in ("1pc", "2pc")]:
         transfer = phases[key]
-        line(f"transfer {key[9:12]}, batches of {transfer['batch']:,}", transfer["msgs_per_s"], "msgs/s", key)
+        link = f", {transfer['link_one_way_ms']:g} ms link" if transfer["link_one_way_ms"] else ""
+        line(f"transfer {key[9:12]}, batches of {transfer['batch']:,}{link}", transfer["msgs_per_s"], "msgs/s", key)
         console.print(
             f"    {transfer['received']:,} of {transfer['messages']:,} received in {transfer['seconds']}s after the "
             f"daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} msgs/s "
@@ -375,7 +376,8 @@ def bench_queuedb(
         f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
         f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
         f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}), "
-        f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}; "
+        f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}, "
+        f"between sites {ratios['onephase_vs_twophase_wan']}; "
         f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
     )
     write_json(json_path, result)

@@ -124,4 +124,15 @@ def suite() -> list[ServiceProcess]:
             queuedb,
             database="sokutatsu_node2",
         ),
+        ServiceProcess(
+            "transfer-1",
+            "sokutatsu.queuedb.transferd",
+            "SOKUTATSU_TRANSFER_",
+            7411,
+            "transfer daemon, queue-db node 1 -> node 2",
+            database="sokutatsu_node1",
+            # Queues on node 1 forward to node 2 with TransferRule.to_node = "queuedb-2".
+            env={"SOKUTATSU_TRANSFER_NODE": "queuedb-1"},
+            links={"SOKUTATSU_TRANSFER_PEERS": "queuedb-2={queuedb-2}"},
+        ),
     ]

@@ -84,8 +84,9 @@ class TransferSettings(ServiceSettings):
     env_prefix: ClassVar[str] = "SOKUTATSU_TRANSFER_"
 
     listen: str = setting("LISTEN", "127.0.0.1:7411", "host:port for gRPC health (port 0 = any).", parse_address)
-    instance: str = setting(
-        "INSTANCE", "node1", "This node's name: receivers keep their recovery row under it.", parse_name
+    instance: str = setting("INSTANCE", "transfer-1", "Name of this daemon in logs and traces.", parse_name)
+    node: str = setting(
+        "NODE", "node1", "The sending node's name: receivers keep their recovery row under it.", parse_name
     )
     dsn: str = setting("DSN", "", "PostgreSQL connection string of this node's database (required).")
     peers: tuple[Peer, ...] = setting(
@@ -205,7 +206,7 @@ class PeerLink:
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         state = await stub.GetRecoveryState(
-            queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.instance), timeout=RPC_TIMEOUT
+            queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
         received = state.last_received_id
         async with conn.transaction():
@@ -266,7 +267,7 @@ class PeerLink:
                     rows = [(*r[:7], first + i) for i, r in enumerate(picked)]
         if rows:
             self.crash.reach("sender:assigned")
-        return _batch(self.settings.instance, rows)
+        return _batch(self.settings.node, rows)
 
     async def _mark_sent(self, conn: psycopg.AsyncConnection[Any], last_received: int) -> None:
         async with conn.transaction():
@@ -292,7 +293,7 @@ class PeerLink:
     # ------------------------------------------------- two-phase commit baseline --
     @property
     def _gids(self) -> str:
-        return f"{gid_prefix(self.settings.instance)}{self.peer.node}:"
+        return f"{gid_prefix(self.settings.node)}{self.peer.node}:"
 
     async def _session_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         """Per batch: prepare here (rows deleted, decision row written), prepare there, COMMIT PREPARED
@@ -346,12 +347,12 @@ class PeerLink:
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("ROLLBACK")
             raise
-        return gid, _batch(self.settings.instance, [(*r[:7], r[0]) for r in rows])
+        return gid, _batch(self.settings.node, [(*r[:7], r[0]) for r in rows])
 
     async def _recover_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         """Presumed abort: a batch is committed where its decision row is committed, else rolled back."""
         listed = await stub.ListPrepared(
-            queuedb_pb2.ListPreparedRequest(sender_node=self.settings.instance), timeout=RPC_TIMEOUT
+            queuedb_pb2.ListPreparedRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
         remote = [g for g in listed.gids if g.startswith(self._gids)]
         local = {
@@ -451,7 +452,7 @@ def build(settings: TransferSettings) -> Register:
         context.start_background(listen(settings.dsn, links), "listen")
         for node, link in links.items():
             context.start_background(link.run(), f"transfer-{node}")
-        log.info("transfer from %s to %s (pid %d)", settings.instance, ", ".join(links), os.getpid())
+        log.info("transfer from %s to %s (pid %d)", settings.node, ", ".join(links), os.getpid())
         return []
 
     return register
