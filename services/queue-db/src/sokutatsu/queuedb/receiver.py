@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -57,6 +58,16 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
     async def Deliver(
         self, request: queuedb_pb2.TransferBatch, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.TransferAck:
+        return await self._deliver(request)
+
+    async def DeliverStream(
+        self, request_iterator: AsyncIterator[queuedb_pb2.TransferBatch], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[queuedb_pb2.TransferAck]:
+        """Batches in arrival order, one answer each: a sender keeps several in flight."""
+        async for batch in request_iterator:
+            yield await self._deliver(batch)
+
+    async def _deliver(self, request: queuedb_pb2.TransferBatch) -> queuedb_pb2.TransferAck:
         sender = request.sender_node
         if not sender:
             raise InvalidArgument("TransferBatch.sender_node is empty: name the sending node")

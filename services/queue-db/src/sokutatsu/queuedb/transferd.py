@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
@@ -93,6 +94,13 @@ class TransferSettings(ServiceSettings):
         "PEERS", (), "Receiving nodes as node=host:port of their queue-db service, comma-separated.", parse_peers
     )
     batch: int = setting("BATCH", 1000, "Most messages per transfer batch.", whole(1, 100_000, "messages"))
+    pipeline: int = setting(
+        "PIPELINE",
+        4,
+        "1pc: batches in flight to a receiver before the first is confirmed (the receiver's recovery row "
+        "keeps them exactly once); 1 sends one at a time.",
+        whole(1, 64, "batches"),
+    )
     poll_ms: int = setting(
         "POLL_MS",
         200,
@@ -116,15 +124,15 @@ class TransferSettings(ServiceSettings):
     )
 
 
-# The batch being sent (resent after a reconnection), its messages in transfer id order.
+# The batches still sending (resent after a reconnection), their messages in transfer id order.
 _PICK = """
 SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM o.enqueued_at) * 1e9)::bigint,
        b.first_id + t.n - 1
-FROM (SELECT first_id, outbox_ids FROM sokutatsu.transfer_batches WHERE to_node = %(node)s
-      ORDER BY first_id LIMIT 1) AS b,
+FROM sokutatsu.transfer_batches AS b,
      unnest(b.outbox_ids) WITH ORDINALITY AS t(id, n)
 JOIN sokutatsu.outbox o ON o.id = t.id
-ORDER BY t.n
+WHERE b.to_node = %(node)s
+ORDER BY b.first_id, t.n
 """
 # Messages not in a batch yet, oldest first.
 _PICK_NEW = """
@@ -132,7 +140,8 @@ SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM 
        NULL::bigint
 FROM sokutatsu.outbox o
 WHERE o.to_node = %(node)s
-  AND NOT EXISTS (SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))
+  -- (a hashed subplan: one pass over the batches in flight, not one array search per row)
+  AND o.id NOT IN (SELECT unnest(b.outbox_ids) FROM sokutatsu.transfer_batches b WHERE b.to_node = %(node)s)
 ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o
@@ -193,16 +202,34 @@ class PeerLink:
                 await self._session_2pc(conn, stub)
                 return
             await self._recover(conn, stub)
-            while True:
+            await self._pipeline(conn, stub)
+
+    async def _pipeline(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        """Up to ``PIPELINE`` batches in flight on one stream; each answer marks its batches sent."""
+        call = stub.DeliverStream()
+        in_flight: deque[int] = deque()  # the last transfer id of each batch sent, in order
+        for batch in await self._sending(conn):  # what the last session left unconfirmed (seed case 2-1)
+            await _write(call, batch)
+            in_flight.append(batch.messages[-1].transfer_id)
+        while True:
+            while len(in_flight) < self.settings.pipeline:
                 batch = await self._assign(conn)
                 if not batch.messages:
-                    await self._wait_for_work(conn)
-                    continue
-                ack = await stub.Deliver(batch, timeout=RPC_TIMEOUT)
-                self.crash.reach("sender:acked")
-                await self._mark_sent(conn, ack.last_received_id)
-                self.sent += len(batch.messages) - ack.duplicates
-                self.crash.reach("sender:marked")
+                    break
+                await _write(call, batch)
+                in_flight.append(batch.messages[-1].transfer_id)
+            if not in_flight:
+                await self._wait_for_work(conn)
+                continue
+            ack = await asyncio.wait_for(call.read(), RPC_TIMEOUT)
+            if ack is aio.EOF:
+                raise ConnectionError(f"the transfer stream to {self.peer.node} ended")
+            assert isinstance(ack, queuedb_pb2.TransferAck)  # noqa: S101 - typed by the stub
+            self.crash.reach("sender:acked")
+            await self._mark_sent(conn, ack.last_received_id)
+            while in_flight and in_flight[0] <= ack.last_received_id:
+                in_flight.popleft()
+            self.crash.reach("sender:marked")
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         state = await stub.GetRecoveryState(
@@ -244,27 +271,37 @@ class PeerLink:
         row = await cursor.fetchone()
         return int(row[0]) if row else 0
 
+    async def _sending(self, conn: psycopg.AsyncConnection[Any]) -> list[queuedb_pb2.TransferBatch]:
+        """The batches assigned and not confirmed, in order, as they were first sent."""
+        rows = await (await conn.execute(_PICK, {"node": self.peer.node})).fetchall()
+        batches: list[list[tuple[Any, ...]]] = []
+        for row in rows:
+            if batches and batches[-1][-1][7] + 1 == row[7]:
+                batches[-1].append(row)
+            else:
+                batches.append([row])
+        return [_batch(self.settings.node, b) for b in batches]
+
     async def _assign(self, conn: psycopg.AsyncConnection[Any]) -> queuedb_pb2.TransferBatch:
+        """The next messages not in a batch become one: dense transfer ids after the cursor."""
         params = {"node": self.peer.node, "limit": self.settings.batch}
+        rows: list[tuple[Any, ...]] = []
         async with conn.transaction():
-            rows = await (await conn.execute(_PICK, params)).fetchall()
-            if not rows:
-                last = await self._cursor(conn)
-                picked = await (await conn.execute(_PICK_NEW, params)).fetchall()
-                picked = _within_bytes(picked)
-                if picked:
-                    # One row marks the whole batch sending (seed 004's flag), not an update per message.
-                    first, final = last + 1, last + len(picked)
-                    await conn.execute(
-                        "INSERT INTO sokutatsu.transfer_batches (to_node, first_id, last_id, outbox_ids) "
-                        "VALUES (%s, %s, %s, %s)",
-                        (self.peer.node, first, final, [r[0] for r in picked]),
-                    )
-                    await conn.execute(
-                        "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
-                        (final, self.peer.node),
-                    )
-                    rows = [(*r[:7], first + i) for i, r in enumerate(picked)]
+            last = await self._cursor(conn)
+            picked = _within_bytes(await (await conn.execute(_PICK_NEW, params)).fetchall())
+            if picked:
+                # One row marks the whole batch sending (seed 004's flag), not an update per message.
+                first, final = last + 1, last + len(picked)
+                await conn.execute(
+                    "INSERT INTO sokutatsu.transfer_batches (to_node, first_id, last_id, outbox_ids) "
+                    "VALUES (%s, %s, %s, %s)",
+                    (self.peer.node, first, final, [r[0] for r in picked]),
+                )
+                await conn.execute(
+                    "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
+                    (final, self.peer.node),
+                )
+                rows = [(*r[:7], first + i) for i, r in enumerate(picked)]
         if rows:
             self.crash.reach("sender:assigned")
         return _batch(self.settings.node, rows)
@@ -400,6 +437,14 @@ def _batch(sender: str, rows: Sequence[tuple[Any, ...]]) -> queuedb_pb2.Transfer
             for r in rows
         ],
     )
+
+
+async def _write(call: Any, batch: queuedb_pb2.TransferBatch) -> None:
+    try:
+        await call.write(batch)
+    except asyncio.InvalidStateError:
+        # grpc.aio's way of saying the stream already ended (the receiver went away).
+        raise ConnectionError("the transfer stream ended while writing") from None
 
 
 def _within_bytes(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

@@ -412,6 +412,11 @@ class TransferStub:
                 request_serializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.SerializeToString,
                 response_deserializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.FromString,
                 _registered_method=True)
+        self.DeliverStream = channel.stream_stream(
+                '/sokutatsu.queuedb.v1.Transfer/DeliverStream',
+                request_serializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.SerializeToString,
+                response_deserializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.FromString,
+                _registered_method=True)
         self.GetRecoveryState = channel.unary_unary(
                 '/sokutatsu.queuedb.v1.Transfer/GetRecoveryState',
                 request_serializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.GetRecoveryStateRequest.SerializeToString,
@@ -440,6 +445,15 @@ class TransferServicer:
     def Deliver(self, request, context):
         """One-phase protocol: store the batch and the recovery row in one local
         transaction, then acknowledge.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeliverStream(self, request_iterator, context):
+        """The same, pipelined: batches are stored in the order they arrive on the
+        stream, one TransferAck per batch in that order, so a sender may have
+        several batches in flight (the recovery row keeps it exactly once).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -476,6 +490,11 @@ def add_TransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Deliver': grpc.unary_unary_rpc_method_handler(
                     servicer.Deliver,
+                    request_deserializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.FromString,
+                    response_serializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.SerializeToString,
+            ),
+            'DeliverStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DeliverStream,
                     request_deserializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.FromString,
                     response_serializer=sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.SerializeToString,
             ),
@@ -525,6 +544,33 @@ class Transfer:
             request,
             target,
             '/sokutatsu.queuedb.v1.Transfer/Deliver',
+            sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.SerializeToString,
+            sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sokutatsu.queuedb.v1.Transfer/DeliverStream',
             sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferBatch.SerializeToString,
             sokutatsu_dot_queuedb_dot_v1_dot_queuedb__pb2.TransferAck.FromString,
             options,

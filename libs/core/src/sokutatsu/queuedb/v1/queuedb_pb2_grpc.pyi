@@ -128,6 +128,11 @@ class TransferStub:
     """One-phase protocol: store the batch and the recovery row in one local
     transaction, then acknowledge.
     """
+    DeliverStream: _grpc.StreamStreamMultiCallable[_queuedb_pb2.TransferBatch, _queuedb_pb2.TransferAck]
+    """The same, pipelined: batches are stored in the order they arrive on the
+    stream, one TransferAck per batch in that order, so a sender may have
+    several batches in flight (the recovery row keeps it exactly once).
+    """
     GetRecoveryState: _grpc.UnaryUnaryMultiCallable[_queuedb_pb2.GetRecoveryStateRequest, _queuedb_pb2.RecoveryState]
     """On reconnect: what the receiver already has from this sender."""
     PrepareBatch: _grpc.UnaryUnaryMultiCallable[_queuedb_pb2.PrepareBatchRequest, _queuedb_pb2.PrepareBatchResponse]
@@ -141,6 +146,11 @@ class TransferAsyncStub(TransferStub):
     Deliver: _aio.UnaryUnaryMultiCallable[_queuedb_pb2.TransferBatch, _queuedb_pb2.TransferAck]  # type: ignore[assignment]
     """One-phase protocol: store the batch and the recovery row in one local
     transaction, then acknowledge.
+    """
+    DeliverStream: _aio.StreamStreamMultiCallable[_queuedb_pb2.TransferBatch, _queuedb_pb2.TransferAck]  # type: ignore[assignment]
+    """The same, pipelined: batches are stored in the order they arrive on the
+    stream, one TransferAck per batch in that order, so a sender may have
+    several batches in flight (the recovery row keeps it exactly once).
     """
     GetRecoveryState: _aio.UnaryUnaryMultiCallable[_queuedb_pb2.GetRecoveryStateRequest, _queuedb_pb2.RecoveryState]  # type: ignore[assignment]
     """On reconnect: what the receiver already has from this sender."""
@@ -158,6 +168,17 @@ class TransferServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_queuedb_pb2.TransferAck, _abc.Awaitable[_queuedb_pb2.TransferAck]]:
         """One-phase protocol: store the batch and the recovery row in one local
         transaction, then acknowledge.
+        """
+
+    @_abc_1.abstractmethod
+    def DeliverStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_queuedb_pb2.TransferBatch],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_queuedb_pb2.TransferAck], _abc.AsyncIterator[_queuedb_pb2.TransferAck]]:
+        """The same, pipelined: batches are stored in the order they arrive on the
+        stream, one TransferAck per batch in that order, so a sender may have
+        several batches in flight (the recovery row keeps it exactly once).
         """
 
     @_abc_1.abstractmethod
