@@ -20,6 +20,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
+from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import ServiceProc, ensure_stopped, start_service
 from tests.queuedb.fix_queuedb import NodeDatabase
@@ -363,3 +364,64 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     assert _received(node2) == committed
     assert daemon.alive(), "the daemon must ride out the outage (it retries), not die"
     assert receiver.alive()
+
+
+async def test_deferred_queues_go_when_their_count_or_age_threshold_is_reached(
+    two_nodes: tuple[str, str, Node, Node],
+) -> None:
+    """No NOTIFY for deferred queues: the daemon's poll finds them once enough wait or the oldest is old."""
+    node1, node2, receiver, daemon = two_nodes
+    with psycopg.connect(node1, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, min_batch) "
+            "VALUES ('by-count', 'node2', 'inbox', false, 25)"
+        )
+        conn.execute(
+            "INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, max_age_ms) "
+            "VALUES ('by-age', 'node2', 'aged', false, 200)"
+        )
+    receiver.start()
+    daemon.start()
+    with psycopg.connect(node1) as conn:
+        enqueue_batch(conn, "by-count", [Message(f"c{i}".encode()) for i in range(25)])
+        enqueue_batch(conn, "by-age", [Message(b"a0")])
+        conn.commit()
+
+    def arrived(queue: str) -> int:
+        with psycopg.connect(node2) as conn:
+            row = conn.execute("SELECT count(*) FROM sokutatsu.messages WHERE queue = %s", (queue,)).fetchone()
+        return int(row[0]) if row else 0
+
+    await _until(lambda: arrived("inbox") == 25, "the count threshold", (receiver, daemon), (node1, node2))
+    await _until(lambda: arrived("aged") == 1, "the age threshold", (receiver, daemon), (node1, node2))
+    await _until(lambda: _outbox(node1) == 0, "the outbox to empty", (receiver, daemon), (node1, node2))
+
+
+def test_the_deferred_trigger_fires_exactly_at_its_thresholds(node_database: NodeDatabase) -> None:
+    """The daemon's poll query itself, on a real database: below the count and age thresholds it
+    says wait, at either one it says go; an immediate queue always says go."""
+    dsn = node_database()
+
+    def due() -> bool:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(_DEFERRED_DUE, ("node2",)).fetchone()
+        return bool(row and row[0])
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sokutatsu.queues (name, to_node, immediate, min_batch, max_age_ms) "
+            "VALUES ('deferred', 'node2', false, 3, 60000), ('now', 'node2', true, 0, 0)"
+        )
+        assert not due()  # nothing waits
+        enqueue_batch(conn, "deferred", [Message(b"1"), Message(b"2")])
+        assert not due()  # 2 of 3, and young
+        enqueue_batch(conn, "deferred", [Message(b"3")])
+        assert due()  # the count threshold
+        conn.execute("DELETE FROM sokutatsu.outbox")
+        enqueue_batch(conn, "deferred", [Message(b"old")])
+        assert not due()
+        conn.execute("UPDATE sokutatsu.outbox SET enqueued_at = now() - interval '61 seconds'")
+        assert due()  # the age threshold
+        conn.execute("DELETE FROM sokutatsu.outbox")
+        enqueue_batch(conn, "now", [Message(b"x")])
+        assert due()  # an immediate queue
