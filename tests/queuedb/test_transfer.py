@@ -132,13 +132,16 @@ def _outbox(dsn: str) -> int:
     return int(row[0]) if row else -1
 
 
-async def _enqueue_all(dsn: str, total: int, rng: random.Random, prefix: str = "order") -> list[bytes]:
-    """The application: transactions of 1-30 messages, one in five rolled back; returns what committed."""
+async def _enqueue_all(
+    dsn: str, total: int, rng: random.Random, prefix: str = "order", until: asyncio.Event | None = None
+) -> list[bytes]:
+    """The application: transactions of 1-30 messages, one in five rolled back; returns what committed.
+    At least ``total`` messages; with ``until``, on until it is set."""
     committed: list[bytes] = []
     n = 0
     with psycopg.connect(dsn) as conn:
-        while len(committed) < total:
-            size = min(rng.randint(1, 30), total - len(committed))
+        while len(committed) < total or (until is not None and not until.is_set()):
+            size = rng.randint(1, 30) if until is not None else min(rng.randint(1, 30), total - len(committed))
             bodies = [f"{prefix}-{n + i}".encode() for i in range(size)]
             n += size
             enqueue_batch(conn, "orders", [Message(b, key=f"k{i}") for i, b in enumerate(bodies)])
@@ -204,7 +207,9 @@ async def test_exactly_once_in_order_through_kill_9_at_every_protocol_step(
     rng.shuffle(plan)
     receiver.start()
     daemon.start()
-    enqueuing = asyncio.create_task(_enqueue_all(node1, 3000, random.Random(8)))  # noqa: S311
+    # The application enqueues all along, so every crash point is reached while there is work.
+    plan_done = asyncio.Event()
+    enqueuing = asyncio.create_task(_enqueue_all(node1, 3000, random.Random(8), until=plan_done))  # noqa: S311
     crashes: list[str] = []
     for step, n in plan:
         victim = daemon if step.startswith("sender") else receiver
@@ -212,16 +217,13 @@ async def test_exactly_once_in_order_through_kill_9_at_every_protocol_step(
         victim.start(crash_at=f"{step}@{n}")
         if not receiver.alive():
             receiver.start()
-        # Until the victim kills itself at the step (or the work ran out before it got there).
-        await _until(
-            lambda v=victim: not v.alive() or (enqueuing.done() and _outbox(node1) == 0),
-            f"{step}@{n}",
-            (receiver, daemon),
-        )
-        if victim.exit_code() == -9:
-            crashes.append(f"{step}@{n}")
+        # Until the victim kills itself at the step (the application keeps it supplied with work).
+        await _until(lambda v=victim: not v.alive(), f"{step}@{n}", (receiver, daemon), (node1, node2))
+        assert victim.exit_code() == -9, f"{victim.module} exited with {victim.exit_code()} before {step}@{n}"
+        crashes.append(f"{step}@{n}")
         if not daemon.alive():
             daemon.start()
+    plan_done.set()
     committed = await enqueuing
     if not receiver.alive():
         receiver.start()

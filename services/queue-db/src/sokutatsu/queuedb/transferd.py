@@ -174,8 +174,6 @@ class PeerLink:
         self.peer = peer
         self.crash = crash
         self.wake = asyncio.Event()
-        self.sent = 0
-        self.recovered_without_resend = 0
 
     async def run(self) -> None:
         retrying = AsyncRetrying(
@@ -253,7 +251,6 @@ class PeerLink:
                     "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
                     (received, self.peer.node),
                 )
-        self.recovered_without_resend += done
         log.info(
             "transfer to %s: receiver holds up to id %d; %d sending messages it has were marked sent",
             self.peer.node,
@@ -362,7 +359,6 @@ class PeerLink:
                 # Not durable: a decision row left behind after a crash is only removed by the next recovery.
                 await conn.execute("SET LOCAL synchronous_commit = off")
                 await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
-            self.sent += len(batch.messages)
 
     async def _prepare_local(self, conn: psycopg.AsyncConnection[Any]) -> tuple[str, queuedb_pb2.TransferBatch] | None:
         await conn.execute("BEGIN")

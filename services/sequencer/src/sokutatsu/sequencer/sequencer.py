@@ -236,6 +236,7 @@ class Sequencer:
             skip_slots=self.skip_slots,
             outstanding_ranges=len(self.owned),
             filled_ranges=self.filled_ranges,
+            distribution_start_seq=self._window.own_start,
         )
         if self.distribution_message is not None:
             status.distribution.CopyFrom(self.distribution_message)
@@ -370,7 +371,9 @@ class Sequencer:
                 continue
             if status.distribution.id < distribution_id:
                 continue  # not installed there yet: its numbers so far belong to the older one
-            window.peer_start.setdefault(peer.domain, status.last_seq)
+            # Counted from the peer's own install of this distribution (not from when this
+            # sequencer first heard from it: under load that can be much later).
+            window.peer_start[peer.domain] = status.distribution_start_seq
             window.peer_now[peer.domain] = status.last_seq
             window.peer_data[peer.domain] = status.last_seq - status.dummy_slots - status.skip_slots
         return sum(window.peer_now[d] - window.peer_start[d] for d in window.peer_now)
