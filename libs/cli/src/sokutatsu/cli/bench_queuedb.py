@@ -21,6 +21,9 @@ migrated, dropped at the end.
   start-up of about a second is left out; ``msgs_per_s_from_launch`` includes it) until
   node2 holds them all, polled every 50 ms. Completeness is checked
   (exactly N at node2, node1's outbox empty). The tables of both nodes are emptied between modes.
+  Also measured with batches of ``SMALL_BATCH`` (10) and, between two sites, with batches of
+  ``WAN_BATCH`` (100) through a relay that delays every byte ``WAN_ONE_WAY_MS`` (5 ms) each way
+  (``bench_link.delayed_link``), each with a tenth of the messages.
 
 Alternating durability (and both nodes durable under it) is not built yet: those figures are
 null, with a note.
