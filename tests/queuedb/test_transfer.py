@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import psycopg
 import pytest
 from grpc import aio
 
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -32,12 +32,6 @@ STEPS = {
     "1pc": ["sender:assigned", "sender:acked", "sender:marked", "receiver:stored", "receiver:committed"],
     "2pc": ["sender:prepared", "sender:both-prepared", "sender:committed", "sender:finished", "receiver:prepared"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

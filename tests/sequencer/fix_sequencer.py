@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from grpc import aio
 
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.helpers import ensure_stopped, start_service
 
@@ -25,13 +25,6 @@ TEST_SETTINGS = {
     "SOKUTATSU_SEQUENCER_FILL_AFTER_MS": "500",
     "SOKUTATSU_GRACE_SECONDS": "1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -14,23 +14,15 @@ import grpc
 import pytest
 from grpc import aio
 
-from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber, Publisher
 from sokutatsu.ordering import OrderingError
+from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 from tests.broker.fix_broker import Pair, until
 from tests.sequencer.fix_sequencer import GroupFactory, SequencerProcess
 
 pytestmark = pytest.mark.timeout(240)
 TOPIC = "orders"
-
-
-async def _create_topic(pair: Pair) -> None:
-    for address in pair.addresses:
-        async with aio.insecure_channel(address) as channel:
-            await broker_pb2_grpc.BrokerAdminStub(channel).CreateTopic(
-                broker_pb2.CreateTopicRequest(topic=broker_pb2.Topic(name=TOPIC, total_order=True)), timeout=10
-            )
 
 
 class Reader:
@@ -55,7 +47,7 @@ async def ordered_group(
     pair: Pair, group: dict[str, SequencerProcess], readers: int = 3
 ) -> AsyncIterator[list[Reader]]:
     """Topic and subscriptions first (they must see the first distribution), then the sequencers."""
-    await _create_topic(pair)
+    await create_total_order_topic(pair.addresses, TOPIC)
     subs = [Reader(pair, f"reader-{i}") for i in range(readers)]
     for r in subs:
         await r.sub.start()

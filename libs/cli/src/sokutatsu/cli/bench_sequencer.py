@@ -34,7 +34,6 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.bench_common import (
     BrokerRun,
     child_process,
@@ -47,6 +46,7 @@ from sokutatsu.cli.bench_common import (
     tell,
 )
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
+from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 
 READY = "ready"
@@ -206,18 +206,10 @@ def sequencers(folder: Path, brokers: list[str], addresses: dict[str, str]) -> I
         yield
 
 
-async def create_topic(brokers: list[str]) -> None:
-    for address in brokers:
-        async with aio.insecure_channel(address) as channel:
-            await broker_pb2_grpc.BrokerAdminStub(channel).CreateTopic(
-                broker_pb2.CreateTopicRequest(topic=broker_pb2.Topic(name=TOPIC, total_order=True)), timeout=10
-            )
-
-
 async def measure_ordered(cfg: SequencerBenchConfig, folder: Path) -> dict[str, Any]:
     total = cfg.messages * len(DOMAINS)
     with ordered_group(folder) as (brokers, addresses):
-        await create_topic(brokers)
+        await create_total_order_topic(brokers, TOPIC)
         joined = ",".join(brokers)
         async with contextlib.AsyncExitStack() as stack:
             # Readers subscribe before the first distribution is published.

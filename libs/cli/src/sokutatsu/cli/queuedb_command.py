@@ -13,7 +13,7 @@ import psycopg
 import typer
 from rich.console import Console
 
-from sokutatsu.core.embedded_pg import redact_dsn
+from sokutatsu.core.embedded_pg import error_line, redact_dsn
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
 
 console = Console(soft_wrap=True)  # a DSN line must not break where a script greps it
@@ -36,8 +36,7 @@ def queuedb_migrate(
             before = current_version(conn)
             applied = migrate(conn)
     except psycopg.Error as exc:
-        text = str(exc).strip()
-        console.print(f"[red]cannot migrate {where}: {text.splitlines()[0] if text else type(exc).__name__}[/red]")
+        console.print(f"[red]cannot migrate {where}: {error_line(exc, dsn)}[/red]")
         raise typer.Exit(1) from None
     if applied:
         console.print(f"{where}: schema version {before} -> {latest_version()} (applied {applied})")

@@ -534,7 +534,7 @@ def _secrets(dsn: str) -> list[str]:
     return [s for s in found if s]
 
 
-def _reason(exc: BaseException, dsn: str) -> str:
+def error_line(exc: BaseException, dsn: str) -> str:
     """The first line of a driver error, with any password of ``dsn`` masked."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
@@ -549,7 +549,7 @@ def create_database(dsn: str, name: str) -> None:
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS)
     except psycopg.Error as exc:
-        raise PostgresError(f"cannot connect to PostgreSQL at {where}: {_reason(exc, dsn)}") from None
+        raise PostgresError(f"cannot connect to PostgreSQL at {where}: {error_line(exc, dsn)}") from None
     try:
         with conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
@@ -558,7 +558,7 @@ def create_database(dsn: str, name: str) -> None:
     except psycopg.errors.DuplicateDatabase:
         return  # created meanwhile by someone else
     except psycopg.Error as exc:
-        raise PostgresError(f"cannot create database {name} on PostgreSQL at {where}: {_reason(exc, dsn)}") from None
+        raise PostgresError(f"cannot create database {name} on PostgreSQL at {where}: {error_line(exc, dsn)}") from None
 
 
 def database_dsn(dsn: str, name: str) -> str:
@@ -566,7 +566,7 @@ def database_dsn(dsn: str, name: str) -> str:
     try:
         return make_conninfo(dsn, dbname=name)
     except psycopg.Error as exc:
-        raise PostgresError(f"unusable PostgreSQL DSN {redact_dsn(dsn)}: {_reason(exc, dsn)}") from None
+        raise PostgresError(f"unusable PostgreSQL DSN {redact_dsn(dsn)}: {error_line(exc, dsn)}") from None
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from sokutatsu.core.embedded_pg import redact_dsn
+from sokutatsu.core.embedded_pg import error_line, redact_dsn
 from sokutatsu.core.errors import Unavailable
 
 POOL_TIMEOUT_SECONDS = 10.0
@@ -40,5 +40,6 @@ class Database:
                     await conn.execute("SET LOCAL synchronous_commit = off")
                 yield conn
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise Unavailable(f"the node's database {redact_dsn(self.dsn)} does not answer: {reason}") from None
+            raise Unavailable(
+                f"the node's database {redact_dsn(self.dsn)} does not answer: {error_line(exc, self.dsn)}"
+            ) from None

@@ -12,6 +12,7 @@ import psycopg
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
+from sokutatsu.core.embedded_pg import error_line
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError
@@ -29,11 +30,6 @@ log = logging.getLogger(__name__)
 SERVICES = [queuedb_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("QueueService", "Transfer")]
 
 
-def _reason(exc: psycopg.Error) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _migrate(dsn: str) -> list[int]:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=database.CONNECT_TIMEOUT_SECONDS) as conn:
         return migrate(conn)
@@ -49,13 +45,14 @@ def build(settings: QueueDbSettings) -> Register:
             version = await database.server_version(settings.dsn)
         except psycopg.Error as exc:
             raise StartupError(
-                f"cannot connect to PostgreSQL at {where}: {_reason(exc)} ({QueueDbSettings.env_prefix}DSN)"
+                f"cannot connect to PostgreSQL at {where}: {error_line(exc, settings.dsn)} "
+                f"({QueueDbSettings.env_prefix}DSN)"
             ) from None
         try:
             applied = await asyncio.to_thread(_migrate, settings.dsn)
         except psycopg.Error as exc:
             raise StartupError(
-                f"cannot apply the queue-db schema migrations in {where}: {_reason(exc)} "
+                f"cannot apply the queue-db schema migrations in {where}: {error_line(exc, settings.dsn)} "
                 "(the role needs CREATE on the database)"
             ) from None
         log.info(
