@@ -32,6 +32,7 @@ from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnec
 from sokutatsu.client.errors import ClientError, Closed
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
+from sokutatsu.core.wire import varint
 from sokutatsu.ordering import OrderedMerge, OrderingError
 from sokutatsu.ordering.wire import distribution_from_message, entry_from_stamp
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
@@ -40,6 +41,7 @@ log = logging.getLogger("sokutatsu.client.ordered")
 
 _StampCall = aio.StreamStreamCall[sequencer_pb2.StampRequest, sequencer_pb2.StampResponse]
 _RECENT_RANGES = 1024
+_SEQ_TAG = b"\x20"  # Stamp.seq = 4, varint
 
 
 class SequencerError(ClientError):
@@ -231,28 +233,24 @@ class OrderedPublisher:
     def _publish_range(self, stamped: sequencer_pb2.SequenceRange, batch: list[_Waiting]) -> None:
         self._recent.append(stamped)
         self.ranges += 1
-        stamps = []
+        # The range's fields once; per message only its seq is appended (a field may come in any order).
+        shared = stamp_pb2.Stamp(
+            distribution_id=stamped.distribution_id,
+            domain=stamped.domain,
+            epoch=stamped.epoch,
+            kind=stamp_pb2.STAMP_KIND_DATA,
+            slots=1,
+        ).SerializeToString()
         last = 0
+        publish, topic = self.publisher.publish_nowait, self.topic
         for offset, waiting in enumerate(batch):
-            stamp = stamp_pb2.Stamp(
-                distribution_id=stamped.distribution_id,
-                domain=stamped.domain,
-                epoch=stamped.epoch,
-                seq=stamped.first_seq + offset,
-                kind=stamp_pb2.STAMP_KIND_DATA,
-                slots=1,
-            )
-            stamps.append(stamp)
-            last = self.publisher.publish_nowait(
-                self.topic, waiting.key, waiting.body, waiting.headers, stamp=stamp.SerializeToString()
-            )
-        task = asyncio.create_task(self._acknowledged(stamped.first_seq, last, batch, stamps))
+            stamp = shared + _SEQ_TAG + varint(stamped.first_seq + offset)
+            last = publish(topic, waiting.key, waiting.body, waiting.headers, stamp=stamp)
+        task = asyncio.create_task(self._acknowledged(stamped, last, batch))
         self._acks.add(task)
         task.add_done_callback(self._acks.discard)
 
-    async def _acknowledged(
-        self, first_seq: int, last: int, batch: list[_Waiting], stamps: list[stamp_pb2.Stamp]
-    ) -> None:
+    async def _acknowledged(self, stamped: sequencer_pb2.SequenceRange, last: int, batch: list[_Waiting]) -> None:
         try:
             await self.publisher.wait_acked(last)
         except Exception as error:  # noqa: BLE001 - handed to every waiting caller
@@ -260,10 +258,19 @@ class OrderedPublisher:
                 if not waiting.done.done():
                     waiting.done.set_exception(error)
             return
-        for waiting, stamp in zip(batch, stamps, strict=True):
+        for offset, waiting in enumerate(batch):
             if not waiting.done.done():
-                waiting.done.set_result(stamp)
-        self._unreported.append(first_seq)
+                waiting.done.set_result(
+                    stamp_pb2.Stamp(
+                        distribution_id=stamped.distribution_id,
+                        domain=stamped.domain,
+                        epoch=stamped.epoch,
+                        seq=stamped.first_seq + offset,
+                        kind=stamp_pb2.STAMP_KIND_DATA,
+                        slots=1,
+                    )
+                )
+        self._unreported.append(stamped.first_seq)
         self._wake.set()
 
     def _take_unreported(self) -> list[int]:

@@ -39,15 +39,18 @@ _MAX_INT4 = 2**31 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _STATS = """
+WITH outbox_rows AS (
+    -- Batches in flight as one hashed set, not an array search per row (as the daemon does).
+    SELECT o.id IN (SELECT unnest(outbox_ids) FROM sokutatsu.transfer_batches) AS in_flight
+    FROM sokutatsu.outbox o WHERE o.queue = %(queue)s
+)
 SELECT
     (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now()),
     (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at > now() AND lease_id IS NOT NULL),
-    (SELECT count(*) FROM sokutatsu.outbox o WHERE o.queue = q.name AND NOT EXISTS (
-        SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))),
-    (SELECT count(*) FROM sokutatsu.outbox o WHERE o.queue = q.name AND EXISTS (
-        SELECT 1 FROM sokutatsu.transfer_batches b WHERE b.to_node = o.to_node AND o.id = ANY(b.outbox_ids))),
+    (SELECT count(*) FILTER (WHERE NOT in_flight) FROM outbox_rows),
+    (SELECT count(*) FILTER (WHERE in_flight) FROM outbox_rows),
     (SELECT min(enqueued_at) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now())
-FROM sokutatsu.queues q WHERE q.name = %s
+FROM sokutatsu.queues q WHERE q.name = %(queue)s
 """
 
 # One statement: find the queue, take its oldest ready rows nobody else is leasing, lease them.
@@ -276,7 +279,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     ) -> queuedb_pb2.QueueStats:
         name = _required(request.queue, "GetQueueStatsRequest.queue")
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_STATS, (name,))
+            cursor = await conn.execute(_STATS, {"queue": name})
             row = await cursor.fetchone()
         if row is None:
             raise _not_found(name)

@@ -54,6 +54,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         self.db = db
         self.max_batch = max_batch
         self.crash = crash
+        self._known_queues: set[str] = set()
 
     async def Deliver(
         self, request: queuedb_pb2.TransferBatch, context: aio.ServicerContext[Any, Any]
@@ -112,12 +113,13 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         return queuedb_pb2.TransferAck(last_received_id=last, duplicates=len(messages) - len(new))
 
     async def _create_queues(self, messages: list[queuedb_pb2.TransferredMessage]) -> None:
-        names = sorted({m.queue for m in messages})
-        async with self.db.transaction() as conn:
-            cursor = await conn.execute("SELECT count(*) FROM sokutatsu.queues WHERE name = ANY(%s)", (names,))
-            row = await cursor.fetchone()
-            if row is None or row[0] < len(names):
+        """Create the receiving queues this process has not seen yet (queues are never deleted
+        by the API, so a name once known needs no transaction per batch)."""
+        names = sorted({m.queue for m in messages} - self._known_queues)
+        if names:
+            async with self.db.transaction() as conn:
                 await conn.execute(_CREATE_QUEUES, (names,))
+            self._known_queues.update(names)
 
     async def GetRecoveryState(
         self, request: queuedb_pb2.GetRecoveryStateRequest, context: aio.ServicerContext[Any, Any]
