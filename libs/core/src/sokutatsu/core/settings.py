@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -202,6 +203,38 @@ def parse_size(raw: str) -> int:
 
 def parse_optional_path(raw: str) -> Path | None:
     return Path(raw) if raw else None
+
+
+def whole(low: int, high: int, unit: str) -> Callable[[str], int]:
+    """A parser of whole numbers from ``low`` to ``high`` (``"5"``, ``"5.0"`` and ``"5e3"`` are whole)."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"expected whole {unit} from {low} to {high}, e.g. {low}") from None
+        if not math.isfinite(value) or value != int(value) or not low <= value <= high:
+            raise SettingsError(f"expected whole {unit} from {low} to {high}")
+        return int(value)
+
+    return parse
+
+
+def named_addresses(raw: str, what: str) -> tuple[tuple[str, str], ...]:
+    """``a=127.0.0.1:7102,b=127.0.0.1:7103`` as ``(name, host:port)`` pairs, each name once
+    (empty = none). ``what`` names the left side in errors, e.g. ``domain``."""
+    pairs = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        name, sep, address = item.partition("=")
+        if not sep:
+            raise SettingsError(f"expected {what}=host:port, comma-separated; got {item!r}")
+        pairs.append((parse_name(name.strip()), parse_address(address.strip())))
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"a {what} is named twice in {names}")
+    return tuple(pairs)
 
 
 def choice(*values: str) -> Callable[[str], str]:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import ServiceSettings
-from sokutatsu.core.settings import SettingsError, parse_address, parse_name, parse_positive_float, setting
+from sokutatsu.core.settings import SettingsError, parse_address, parse_name, parse_positive_float, setting, whole
 from sokutatsu.queuedb.enqueue import MAX_BODY_BYTES
-
-
-def whole(low: int, high: int, unit: str) -> Callable[[str], int]:
-    """A parser of whole numbers from ``low`` to ``high``."""
-
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise SettingsError(f"expected whole {unit} from {low} to {high}, e.g. {low}") from None
-        if not low <= value <= high:
-            raise SettingsError(f"expected whole {unit} from {low} to {high}")
-        return value
-
-    return parse
 
 
 def parse_crash_at(raw: str) -> str:

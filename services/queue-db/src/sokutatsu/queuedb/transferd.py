@@ -45,11 +45,11 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
-from sokutatsu.core.settings import SettingsError, choice, parse_address, parse_name, setting
+from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
 from sokutatsu.queuedb.enqueue import TRANSFER_CHANNEL
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.receiver import gid_prefix
-from sokutatsu.queuedb.settings import parse_crash_at, whole
+from sokutatsu.queuedb.settings import parse_crash_at
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 log = logging.getLogger("sokutatsu.queuedb.transfer")
@@ -69,15 +69,7 @@ class Peer:
 
 
 def parse_peers(raw: str) -> tuple[Peer, ...]:
-    peers = []
-    for item in (p.strip() for p in raw.split(",")):
-        if not item:
-            continue
-        node, sep, address = item.partition("=")
-        if not sep or not node or not address:
-            raise SettingsError(f"expected node=host:port, comma-separated; got {item!r}")
-        peers.append(Peer(parse_name(node), parse_address(address)))
-    return tuple(peers)
+    return tuple(Peer(node, address) for node, address in named_addresses(raw, "node"))
 
 
 @dataclass(frozen=True)

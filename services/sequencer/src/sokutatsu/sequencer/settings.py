@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import ServiceSettings
-from sokutatsu.core.settings import SettingsError, choice, parse_address, parse_bool, parse_name, setting
+from sokutatsu.core.settings import choice, named_addresses, parse_address, parse_bool, parse_name, setting, whole
 from sokutatsu.ordering import DEFAULT_MIN_PPM
 
 MAX_RANGE_LIMIT = 1_000_000
@@ -27,18 +26,7 @@ class Peer:
 
 def parse_peers(raw: str) -> tuple[Peer, ...]:
     """``b=127.0.0.1:7102,c=127.0.0.1:7103``: the other domains' sequencers (empty = none)."""
-    if not raw.strip():
-        return ()
-    peers = []
-    for item in raw.split(","):
-        domain, sep, address = item.strip().partition("=")
-        if not sep:
-            raise SettingsError(f"expected domain=host:port, got {item.strip()!r}")
-        peers.append(Peer(parse_name(domain.strip()), parse_address(address.strip())))
-    names = [peer.domain for peer in peers]
-    if len(set(names)) != len(names):
-        raise SettingsError(f"a domain is named twice in {names}")
-    return tuple(peers)
+    return tuple(Peer(domain, address) for domain, address in named_addresses(raw, "domain"))
 
 
 def parse_addresses(raw: str) -> tuple[str, ...]:
@@ -46,26 +34,16 @@ def parse_addresses(raw: str) -> tuple[str, ...]:
     return tuple(parse_address(item.strip()) for item in raw.split(",") if item.strip())
 
 
-def _whole(raw: str, low: int, high: int, unit: str) -> int:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"expected {unit}, e.g. {low}") from None
-    if not math.isfinite(value) or value != int(value) or not low <= value <= high:
-        raise SettingsError(f"expected whole {unit} from {low} to {high}")
-    return int(value)
-
-
 def parse_interval_ms(raw: str) -> int:
-    return _whole(raw, 10, 3_600_000, "milliseconds")
+    return whole(10, 3_600_000, "milliseconds")(raw)
 
 
 def parse_max_range(raw: str) -> int:
-    return _whole(raw, 1, MAX_RANGE_LIMIT, "numbers")
+    return whole(1, MAX_RANGE_LIMIT, "numbers")(raw)
 
 
 def parse_min_ppm(raw: str) -> int:
-    return _whole(raw, 1, 100_000, "parts per million")
+    return whole(1, 100_000, "parts per million")(raw)
 
 
 @dataclass(frozen=True)
