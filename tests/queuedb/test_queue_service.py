@@ -126,12 +126,24 @@ async def _redelivered(queues: Stub, queue: str) -> list[queuedb_pb2.QueueMessag
 
 async def test_queues_are_created_read_listed_and_counted(node: Node, queues: Stub) -> None:
     forwarding = TransferRule(to_node="node2", to_queue="inbox", immediate=False, min_batch=10, max_age_ms=500)
+    alternating = TransferRule(to_node="node2", immediate=True, durability=queuedb_pb2.REMOTE_DURABILITY_ALTERNATE)
     assert await _create(queues, "orders") == Queue(name="orders")
-    assert await _create(queues, "to-node2", forwarding) == Queue(name="to-node2", transfer=forwarding)
+    # Durability left unspecified is durable-on-both, and the answer says so.
+    forwarding_both = TransferRule(durability=queuedb_pb2.REMOTE_DURABILITY_BOTH)
+    forwarding_both.MergeFrom(forwarding)
+    assert await _create(queues, "to-node2", forwarding) == Queue(name="to-node2", transfer=forwarding_both)
+    assert await _create(queues, "to-node2-alt", alternating) == Queue(name="to-node2-alt", transfer=alternating)
     assert await queues.GetQueue(GetQueueRequest(name="orders")) == Queue(name="orders")
-    assert await queues.GetQueue(GetQueueRequest(name="to-node2")) == Queue(name="to-node2", transfer=forwarding)
+    assert await queues.GetQueue(GetQueueRequest(name="to-node2")) == Queue(name="to-node2", transfer=forwarding_both)
+    assert await queues.GetQueue(GetQueueRequest(name="to-node2-alt")) == Queue(
+        name="to-node2-alt", transfer=alternating
+    )
     listed = await queues.ListQueues(ListQueuesRequest())
-    assert list(listed.queues) == [Queue(name="orders"), Queue(name="to-node2", transfer=forwarding)]
+    assert list(listed.queues) == [
+        Queue(name="orders"),
+        Queue(name="to-node2", transfer=forwarding_both),
+        Queue(name="to-node2-alt", transfer=alternating),
+    ]
 
     empty = await _stats(queues, "orders")
     assert empty == queuedb_pb2.QueueStats(queue="orders")
@@ -160,9 +172,9 @@ async def test_queues_are_created_read_listed_and_counted(node: Node, queues: St
 
 
 async def test_creating_an_existing_queue_answers_it_or_names_the_difference(queues: Stub) -> None:
-    rule = TransferRule(to_node="node2", immediate=True)
+    rule = TransferRule(to_node="node2", immediate=True, durability=queuedb_pb2.REMOTE_DURABILITY_BOTH)
     await _create(queues, "local")
-    await _create(queues, "fwd", rule)
+    await _create(queues, "fwd", TransferRule(to_node="node2", immediate=True))
     assert await _create(queues, "local") == Queue(name="local")
     assert await _create(queues, "fwd", rule) == Queue(name="fwd", transfer=rule)
     # An empty to_queue means the same name: asking for it explicitly is the same queue.
@@ -184,6 +196,10 @@ async def test_creating_an_existing_queue_answers_it_or_names_the_difference(que
     code, details = await _refused(_create(queues, "fwd"))
     assert code == grpc.StatusCode.ALREADY_EXISTS
     assert "(asked: local)" in details
+    alternate = TransferRule(to_node="node2", immediate=True, durability=queuedb_pb2.REMOTE_DURABILITY_ALTERNATE)
+    code, details = await _refused(_create(queues, "fwd", alternate))
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+    assert "durability is 'both' (asked: 'alternate')" in details
 
 
 async def test_enqueue_keeps_request_order_single_and_batch(queues: Stub) -> None:
@@ -367,6 +383,14 @@ async def test_bad_input_is_refused_with_a_code_and_a_reason(queues: Stub) -> No
     code, details = await _refused(_create(queues, "q", TransferRule(to_node="bad node")))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "TransferRule.to_node" in details
+    alternate_local = TransferRule(durability=queuedb_pb2.REMOTE_DURABILITY_ALTERNATE)
+    code, details = await _refused(_create(queues, "q", alternate_local))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "TransferRule.durability is set but to_node is empty" in details
+    unknown = TransferRule(to_node="node2", durability=7)  # type: ignore[arg-type]
+    code, details = await _refused(_create(queues, "q", unknown))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "durability 7 is not a RemoteDurability" in details
     code, details = await _refused(queues.GetQueue(GetQueueRequest()))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "GetQueueRequest.name is empty" in details

@@ -22,6 +22,14 @@ import psycopg
 
 # The channel the transfer daemon listens on; the payload is the receiving node's name.
 TRANSFER_CHANNEL = "sokutatsu_transfer"
+# The channel the transfer daemon notifies when the receiver confirmed (flushed) messages and they
+# left the outbox; the payload is "node:id,id,..." with the ids of the FLUSH_RECEIVER ones.
+CONFIRMED_CHANNEL = "sokutatsu_transfer_confirmed"
+
+# outbox.flush, where a forwarded message is flushed to disk (seed 001's alternating durability):
+FLUSH_BOTH = 0  # on this node at enqueue, and on the receiving node when it arrives
+FLUSH_SENDER = 1  # on this node only: the receiver stores it without waiting for its flush
+FLUSH_RECEIVER = 2  # on the receiving node only: the caller waits for its confirmation
 # Largest body accepted (the gRPC API refuses larger ones with INVALID_ARGUMENT too).
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -55,8 +63,9 @@ local AS (
     RETURNING seq
 ),
 forward AS (
-    INSERT INTO sokutatsu.outbox (queue, to_node, to_queue, body, headers, key)
-    SELECT q.name, q.to_node, q.to_queue, m.body, m.headers, m.key FROM q, m WHERE q.to_node <> '' ORDER BY m.n
+    INSERT INTO sokutatsu.outbox (queue, to_node, to_queue, body, headers, key, flush)
+    SELECT q.name, q.to_node, q.to_queue, m.body, m.headers, m.key, %(flush)s::smallint
+    FROM q, m WHERE q.to_node <> '' ORDER BY m.n
     RETURNING id
 ),
 wake AS (
@@ -81,7 +90,9 @@ RETURNING seq
 """
 
 
-def _params(queue: str, messages: Sequence[Message], immediate: bool | None) -> dict[str, object]:
+def _params(
+    queue: str, messages: Sequence[Message], immediate: bool | None, flush: int = FLUSH_BOTH
+) -> dict[str, object]:
     if not messages:
         raise ValueError("nothing to enqueue: give at least one message")
     for message in messages:
@@ -94,6 +105,7 @@ def _params(queue: str, messages: Sequence[Message], immediate: bool | None) -> 
         "keys": [m.key for m in messages],
         "channel": TRANSFER_CHANNEL,
         "immediate": immediate,
+        "flush": flush,
     }
 
 
@@ -162,8 +174,15 @@ async def enqueue_async(
 
 
 async def enqueue_batch_async(
-    conn: psycopg.AsyncConnection[Any], queue: str, messages: Sequence[Message], *, immediate: bool | None = None
+    conn: psycopg.AsyncConnection[Any],
+    queue: str,
+    messages: Sequence[Message],
+    *,
+    immediate: bool | None = None,
+    flush: int = FLUSH_BOTH,
 ) -> list[int]:
-    """:func:`enqueue_batch` on an ``AsyncConnection``."""
-    cursor = await conn.execute(_ENQUEUE, _params(queue, messages, immediate))
+    """:func:`enqueue_batch` on an ``AsyncConnection``. ``flush`` (forwarding queues only): where
+    the messages are made durable, ``FLUSH_*``; the queue-db API's alternating durability sets it,
+    and then commits accordingly (an application's own transaction keeps the default)."""
+    cursor = await conn.execute(_ENQUEUE, _params(queue, messages, immediate, flush))
     return _result(queue, await cursor.fetchone())

@@ -19,10 +19,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from grpc import aio
 
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from sokutatsu.core.settings import SettingsError, parse_name
+from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import Message, QueueNotFound, enqueue_batch_async
 from sokutatsu.queuedb.settings import QueueDbSettings
@@ -105,14 +107,16 @@ done AS (
 SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
 """
 
+_COLUMNS = "name, to_node, to_queue, immediate, min_batch, max_age_ms, durability"
 _INSERT_QUEUE = """
-INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, min_batch, max_age_ms)
-VALUES (%s, %s, %s, %s, %s, %s)
+INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, min_batch, max_age_ms, durability)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (name) DO NOTHING
-RETURNING name, to_node, to_queue, immediate, min_batch, max_age_ms
+RETURNING name, to_node, to_queue, immediate, min_batch, max_age_ms, durability
 """
-_SELECT_QUEUE = "SELECT name, to_node, to_queue, immediate, min_batch, max_age_ms FROM sokutatsu.queues WHERE name = %s"
-_LIST_QUEUES = "SELECT name, to_node, to_queue, immediate, min_batch, max_age_ms FROM sokutatsu.queues ORDER BY name"
+_SELECT_QUEUE = f"SELECT {_COLUMNS} FROM sokutatsu.queues WHERE name = %s"  # noqa: S608 - constant columns
+_LIST_QUEUES = f"SELECT {_COLUMNS} FROM sokutatsu.queues ORDER BY name"  # noqa: S608 - constant columns
+_DURABILITY = {"both": queuedb_pb2.REMOTE_DURABILITY_BOTH, "alternate": queuedb_pb2.REMOTE_DURABILITY_ALTERNATE}
 
 
 def _unix_nano(moment: datetime | None) -> int:
@@ -136,15 +140,25 @@ def _queue_message(queue: str, row: tuple[Any, ...]) -> queuedb_pb2.QueueMessage
 
 
 def _queue(row: tuple[Any, ...]) -> queuedb_pb2.Queue:
-    name, to_node, to_queue, immediate, min_batch, max_age_ms = row
+    name, to_node, to_queue, immediate, min_batch, max_age_ms, durability = row
     queue = queuedb_pb2.Queue(name=name)
     if to_node:
         queue.transfer.CopyFrom(
             queuedb_pb2.TransferRule(
-                to_node=to_node, to_queue=to_queue, immediate=immediate, min_batch=min_batch, max_age_ms=max_age_ms
+                to_node=to_node,
+                to_queue=to_queue,
+                immediate=immediate,
+                min_batch=min_batch,
+                max_age_ms=max_age_ms,
+                durability=_DURABILITY[durability],
             )
         )
     return queue
+
+
+def _durability(rule: queuedb_pb2.TransferRule) -> str:
+    """The durability column's value for a rule (unspecified = both)."""
+    return "alternate" if rule.durability == queuedb_pb2.REMOTE_DURABILITY_ALTERNATE else "both"
 
 
 def _name(raw: str, what: str) -> str:
@@ -181,6 +195,7 @@ def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
         ("immediate", old.immediate, new.immediate),
         ("min_batch", old.min_batch, new.min_batch),
         ("max_age_ms", old.max_age_ms, new.max_age_ms),
+        ("durability", _durability(old), _durability(new)),
     ]
     return ", ".join(f"{field} is {a!r} (asked: {b!r})" for field, a, b in pairs if a != b)
 
@@ -188,7 +203,7 @@ def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
 def _validate_rule(queue: queuedb_pb2.Queue) -> None:
     rule = queue.transfer
     if not rule.to_node:
-        extra = [f for f in ("to_queue", "min_batch", "max_age_ms") if getattr(rule, f)]
+        extra = [f for f in ("to_queue", "min_batch", "max_age_ms", "durability") if getattr(rule, f)]
         if extra:
             raise InvalidArgument(
                 f"TransferRule.{extra[0]} is set but to_node is empty: name the receiving node in to_node, "
@@ -198,6 +213,10 @@ def _validate_rule(queue: queuedb_pb2.Queue) -> None:
     _name(rule.to_node, "TransferRule.to_node")
     if rule.to_queue:
         _name(rule.to_queue, "TransferRule.to_queue")
+    if rule.durability not in queuedb_pb2.RemoteDurability.values():
+        raise InvalidArgument(
+            f"TransferRule.durability {rule.durability} is not a RemoteDurability (BOTH = 1, ALTERNATE = 2)"
+        )
     for field in ("min_batch", "max_age_ms"):
         value = getattr(rule, field)
         if value > _MAX_INT4:
@@ -218,9 +237,13 @@ def _delay(value: int, field: str) -> int:
 
 
 class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
-    def __init__(self, db: Database, settings: QueueDbSettings) -> None:
+    def __init__(self, db: Database, settings: QueueDbSettings, turns: Turns) -> None:
         self.db = db
         self.settings = settings
+        self.turns = turns
+        # Queues with alternating durability -> their receiving node. Read once per queue: the API
+        # never changes or deletes a queue (CreateQueue refuses other settings for an existing one).
+        self._alternating: dict[str, str | None] = {}
 
     async def CreateQueue(
         self, request: queuedb_pb2.CreateQueueRequest, context: aio.ServicerContext[Any, Any]
@@ -237,6 +260,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
             rule.immediate or not rule.to_node,
             rule.min_batch,
             rule.max_age_ms,
+            _durability(rule),
         )
         async with self.db.transaction() as conn:
             cursor = await conn.execute(_INSERT_QUEUE, values)
@@ -312,14 +336,35 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
                     "(SOKUTATSU_QUEUEDB_MAX_BODY_BYTES); send large payloads elsewhere and enqueue a reference"
                 )
         batch = [Message(bytes(m.body), dict(m.headers) or None, m.key) for m in request.messages]
+
+        async def into(conn: psycopg.AsyncConnection[Any], flush: int) -> list[int]:
+            return await enqueue_batch_async(conn, name, batch, flush=flush)
+
         try:
-            async with self.db.transaction() as conn:
-                seqs = await enqueue_batch_async(conn, name, batch)
+            node = await self._alternates_to(name)
+            if node is None:
+                async with self.db.transaction() as conn:
+                    seqs = await enqueue_batch_async(conn, name, batch)
+            else:
+                seqs = await enqueue_alternating(self.db, self.turns, name, node, into)
         except QueueNotFound:
             raise _not_found(name) from None
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         return queuedb_pb2.EnqueueResponse(seqs=seqs)
+
+    async def _alternates_to(self, queue: str) -> str | None:
+        """The receiving node when ``queue`` forwards with alternating durability, else None."""
+        if queue not in self._alternating:
+            async with self.db.transaction() as conn:
+                cursor = await conn.execute(
+                    "SELECT to_node, durability FROM sokutatsu.queues WHERE name = %s", (queue,)
+                )
+                row = await cursor.fetchone()
+            if row is None:
+                return None  # the enqueue says NOT_FOUND; not cached, the queue may be created later
+            self._alternating[queue] = row[0] if row[0] and row[1] == "alternate" else None
+        return self._alternating[queue]
 
     async def Dequeue(
         self, request: queuedb_pb2.DequeueRequest, context: aio.ServicerContext[Any, Any]

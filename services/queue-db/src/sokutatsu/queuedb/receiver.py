@@ -55,6 +55,9 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         self.max_batch = max_batch
         self.crash = crash
         self._known_queues: set[str] = set()
+        # Per sender, the highest transfer id stored by a flushed commit (or flushed since).
+        # Unknown after a restart: 0 until the next flushed commit, which covers everything before it.
+        self._durable: dict[str, int] = {}
 
     async def Deliver(
         self, request: queuedb_pb2.TransferBatch, context: aio.ServicerContext[Any, Any]
@@ -85,6 +88,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
                     f"by {after.transfer_id}"
                 )
         # The sender made a message durable itself (seed 001): this side need not wait for the flush.
+        # A flushed commit also flushes every commit before it (one WAL), earlier lazy batches too.
         durable = any(m.durability != queuedb_pb2.DURABILITY_SENDER for m in messages)
         await self._create_queues(messages)
         async with self.db.transaction(durable=durable) as conn:
@@ -110,7 +114,11 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
                 )
                 self.crash.reach("receiver:stored")
         self.crash.reach("receiver:committed")
-        return queuedb_pb2.TransferAck(last_received_id=last, duplicates=len(messages) - len(new))
+        if durable:
+            self._durable[sender] = max(self._durable.get(sender, 0), last)
+        return queuedb_pb2.TransferAck(
+            last_received_id=last, duplicates=len(messages) - len(new), durable_id=self._durable.get(sender, 0)
+        )
 
     async def _create_queues(self, messages: list[queuedb_pb2.TransferredMessage]) -> None:
         """Create the receiving queues this process has not seen yet (queues are never deleted
@@ -126,12 +134,19 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
     ) -> queuedb_pb2.RecoveryState:
         if not request.sender_node:
             raise InvalidArgument("GetRecoveryStateRequest.sender_node is empty: name the sending node")
+        # A write committed with the flush: everything committed before it, sender-durable batches
+        # stored without the flush included, is on disk before the answer (the sender forgets what
+        # is at or below it).
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
-                "SELECT last_received_id FROM sokutatsu.transfer_in WHERE from_node = %s", (request.sender_node,)
+                "UPDATE sokutatsu.transfer_in SET last_received_id = last_received_id WHERE from_node = %s "
+                "RETURNING last_received_id",
+                (request.sender_node,),
             )
             row = await cursor.fetchone()
-        return queuedb_pb2.RecoveryState(sender_node=request.sender_node, last_received_id=row[0] if row else 0)
+        last = int(row[0]) if row else 0
+        self._durable[request.sender_node] = max(self._durable.get(request.sender_node, 0), last)
+        return queuedb_pb2.RecoveryState(sender_node=request.sender_node, last_received_id=last)
 
     # ------------------------------------------------- two-phase commit baseline --
     async def PrepareBatch(

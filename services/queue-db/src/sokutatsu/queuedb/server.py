@@ -17,6 +17,7 @@ from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError
 from sokutatsu.queuedb import database
+from sokutatsu.queuedb.alternate import Turns
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.queues import QueueServicer
@@ -65,7 +66,9 @@ def build(settings: QueueDbSettings) -> Register:
         db = Database(settings.dsn, settings.pool_size)
         await db.open()
         context.stack.push_async_callback(db.close)
-        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings), server)
+        turns = Turns(db, settings.alternate_wait_ms)
+        context.start_background(turns.listen(), "alternate-confirmations")
+        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings, turns), server)
         queuedb_pb2_grpc.add_TransferServicer_to_server(
             TransferReceiver(db, settings.max_batch, CrashPoints(settings.crash_at)), server
         )

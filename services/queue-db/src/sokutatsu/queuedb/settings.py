@@ -58,6 +58,14 @@ class QueueDbSettings(ServiceSettings):
         "Most messages one Enqueue, Dequeue or transfer batch may carry.",
         whole(1, 1_000_000, "messages"),
     )
+    alternate_wait_ms: int = setting(
+        "ALTERNATE_WAIT_MS",
+        1_000,
+        "Queues with alternating durability: how long an Enqueue whose turn is the receiver's waits for the "
+        "receiving node to confirm it flushed the messages; then this node flushes them itself and answers, "
+        "and flushes every request to that node itself for a while.",
+        whole(1, 600_000, "milliseconds"),
+    )
     crash_at: str = setting(
         "CRASH_AT",
         "",

@@ -46,7 +46,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
-from sokutatsu.queuedb.enqueue import TRANSFER_CHANNEL
+from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER, TRANSFER_CHANNEL
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.receiver import gid_prefix
 from sokutatsu.queuedb.settings import parse_crash_at
@@ -119,7 +119,7 @@ class TransferSettings(ServiceSettings):
 # The batches still sending (resent after a reconnection), their messages in transfer id order.
 _PICK = """
 SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM o.enqueued_at) * 1e9)::bigint,
-       b.first_id + t.n - 1
+       b.first_id + t.n - 1, o.flush
 FROM sokutatsu.transfer_batches AS b,
      unnest(b.outbox_ids) WITH ORDINALITY AS t(id, n)
 JOIN sokutatsu.outbox o ON o.id = t.id
@@ -129,7 +129,7 @@ ORDER BY b.first_id, t.n
 # Messages not in a batch yet, oldest first.
 _PICK_NEW = """
 SELECT o.id, o.queue, o.to_queue, o.body, o.headers, o.key, (extract(epoch FROM o.enqueued_at) * 1e9)::bigint,
-       NULL::bigint
+       NULL::bigint, o.flush
 FROM sokutatsu.outbox o
 WHERE o.to_node = %(node)s
   -- (a hashed subplan: one pass over the batches in flight, not one array search per row)
@@ -138,12 +138,25 @@ ORDER BY o.id
 LIMIT %(limit)s
 FOR UPDATE OF o
 """
-# The batches the receiver confirmed, and their messages: gone.
+# The batches the receiver confirmed, and their messages: gone; and a NOTIFY (on commit) naming
+# the receiver and the ids of the messages an Enqueue call waits for (flush = receiver only), in
+# chunks that fit a NOTIFY payload (8,000 bytes). Answers how many messages went.
 _SENT = """
 WITH done AS (
-    DELETE FROM sokutatsu.transfer_batches WHERE to_node = %s AND last_id <= %s RETURNING outbox_ids
+    DELETE FROM sokutatsu.transfer_batches WHERE to_node = %(node)s AND last_id <= %(flushed)s RETURNING outbox_ids
+),
+gone AS (
+    DELETE FROM sokutatsu.outbox WHERE id IN (SELECT unnest(outbox_ids) FROM done) RETURNING id, flush
+),
+awaited AS (
+    SELECT id, (row_number() OVER (ORDER BY id) - 1) / 300 AS chunk FROM gone WHERE flush = %(receiver)s
+),
+payloads AS (
+    SELECT %(node)s || ':' || string_agg(id::text, ',' ORDER BY id) AS payload FROM awaited GROUP BY chunk
+    UNION ALL
+    SELECT %(node)s || ':' WHERE EXISTS (SELECT 1 FROM gone) AND NOT EXISTS (SELECT 1 FROM awaited)
 )
-DELETE FROM sokutatsu.outbox WHERE id IN (SELECT unnest(outbox_ids) FROM done)
+SELECT (SELECT count(*) FROM gone), (SELECT count(pg_notify(%(channel)s, payload)) FROM payloads)
 """
 _DEFERRED_DUE = """
 SELECT coalesce(bool_or(
@@ -166,6 +179,14 @@ class PeerLink:
         self.peer = peer
         self.crash = crash
         self.wake = asyncio.Event()
+        # Since when the receiver holds acknowledged messages it may not have flushed (sender-durable
+        # ones, stored without waiting for the flush); None when it has flushed all it acknowledged.
+        self._unflushed_since: float | None = None
+        self._acked = 0  # the receiver's last_received_id in its latest answer
+
+    @property
+    def _poll(self) -> float:
+        return self.settings.poll_ms / 1000
 
     async def run(self) -> None:
         retrying = AsyncRetrying(
@@ -209,27 +230,48 @@ class PeerLink:
                 await _write(call, batch)
                 in_flight.append(batch.messages[-1].transfer_id)
             if not in_flight:
-                await self._wait_for_work(conn)
+                if self._unflushed_since is None:
+                    await self._wait_for_work(conn)
+                elif not await self._wait_for_work(conn, once=True):
+                    # Idle with messages the receiver holds but may not have flushed: ask it to flush.
+                    await self._flushed(conn, stub)
                 continue
             ack = await asyncio.wait_for(call.read(), RPC_TIMEOUT)
             if ack is aio.EOF:
                 raise ConnectionError(f"the transfer stream to {self.peer.node} ended")
             assert isinstance(ack, queuedb_pb2.TransferAck)  # noqa: S101 - typed by the stub
             self.crash.reach("sender:acked")
-            await self._mark_sent(conn, ack.last_received_id)
+            # Only what the receiver has flushed is forgotten here; sender-durable messages it stored
+            # without the flush stay (still "sending") until a later answer covers them.
+            await self._mark_sent(conn, ack.durable_id)
+            self._acked = ack.last_received_id
+            if ack.last_received_id <= ack.durable_id:
+                self._unflushed_since = None
+            elif self._unflushed_since is None:
+                self._unflushed_since = time.monotonic()
             while in_flight and in_flight[0] <= ack.last_received_id:
                 in_flight.popleft()
             self.crash.reach("sender:marked")
+            if self._unflushed_since is not None and time.monotonic() - self._unflushed_since > self._poll:
+                # Only sender-durable batches for a while: have the receiver flush, so the outbox stays short.
+                await self._flushed(conn, stub)
+
+    async def _flushed(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        """Have the receiver flush what it holds (GetRecoveryState answers after a flush); forget that here."""
+        state = await stub.GetRecoveryState(
+            queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
+        )
+        await self._mark_sent(conn, state.last_received_id)
+        self._unflushed_since = None if state.last_received_id >= self._acked else time.monotonic()
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         state = await stub.GetRecoveryState(
             queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
-        received = state.last_received_id
+        received = state.last_received_id  # flushed there before the answer
         async with conn.transaction():
             last_sent = await self._cursor(conn)
-            cursor = await conn.execute(_SENT, (self.peer.node, received))
-            done = cursor.rowcount
+            done = await self._forget(conn, received)
             if received > last_sent:
                 log.warning(
                     "transfer to %s: the receiver holds up to id %d but this node assigned only up to %d "
@@ -243,6 +285,7 @@ class PeerLink:
                     "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
                     (received, self.peer.node),
                 )
+        self._unflushed_since = None
         log.info(
             "transfer to %s: receiver holds up to id %d; %d sending messages it has were marked sent",
             self.peer.node,
@@ -290,31 +333,42 @@ class PeerLink:
                     "UPDATE sokutatsu.transfer_out SET last_sent_id = %s WHERE to_node = %s",
                     (final, self.peer.node),
                 )
-                rows = [(*r[:7], first + i) for i, r in enumerate(picked)]
+                rows = [(*r[:7], first + i, r[8]) for i, r in enumerate(picked)]
         if rows:
             self.crash.reach("sender:assigned")
         return _batch(self.settings.node, rows)
 
-    async def _mark_sent(self, conn: psycopg.AsyncConnection[Any], last_received: int) -> None:
+    async def _mark_sent(self, conn: psycopg.AsyncConnection[Any], flushed: int) -> None:
+        """Forget the batches at or below ``flushed`` (the receiver has them on disk)."""
         async with conn.transaction():
             # Not durable: a lost deletion is redone by recovery (the receiver has these).
             await conn.execute("SET LOCAL synchronous_commit = off")
-            await conn.execute(_SENT, (self.peer.node, last_received))
+            await self._forget(conn, flushed)
 
-    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Until a NOTIFY names this receiver, or a deferred queue's threshold is reached."""
-        poll = self.settings.poll_ms / 1000
+    async def _forget(self, conn: psycopg.AsyncConnection[Any], flushed: int) -> int:
+        """Delete the batches at or below ``flushed`` and their messages; how many messages. The
+        queue-db API's receiver-durable Enqueue calls wait for the NOTIFY this sends on commit."""
+        params = {"node": self.peer.node, "flushed": flushed, "receiver": FLUSH_RECEIVER, "channel": CONFIRMED_CHANNEL}
+        row = await (await conn.execute(_SENT, params)).fetchone()
+        return int(row[0]) if row else 0
+
+    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any], *, once: bool = False) -> bool:
+        """Until a NOTIFY names this receiver, or a deferred queue's threshold is reached (True);
+        ``once``: give up after one ``POLL_MS`` without either (False)."""
+        poll = self._poll
         while True:
             self.wake.clear()  # before looking: a NOTIFY during the query must still wake the wait
             cursor = await conn.execute(_DEFERRED_DUE, (self.peer.node,))
             row = await cursor.fetchone()
             if row and row[0]:
-                return
+                return True
             try:
                 await asyncio.wait_for(self.wake.wait(), poll)
             except TimeoutError:
+                if once:
+                    return False
                 continue
-            return
+            return True
 
     # ------------------------------------------------- two-phase commit baseline --
     @property
@@ -372,7 +426,7 @@ class PeerLink:
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("ROLLBACK")
             raise
-        return gid, _batch(self.settings.node, [(*r[:7], r[0]) for r in rows])
+        return gid, _batch(self.settings.node, [(*r[:7], r[0], r[8]) for r in rows])
 
     async def _recover_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         """Presumed abort: a batch is committed where its decision row is committed, else rolled back."""
@@ -420,7 +474,7 @@ def _batch(sender: str, rows: Sequence[tuple[Any, ...]]) -> queuedb_pb2.Transfer
                 headers=r[4] or {},
                 key=r[5],
                 enqueued_unix_nano=r[6] or 0,
-                durability=queuedb_pb2.DURABILITY_RECEIVER,
+                durability=queuedb_pb2.DURABILITY_SENDER if r[8] == FLUSH_SENDER else queuedb_pb2.DURABILITY_RECEIVER,
             )
             for r in rows
         ],

@@ -27,6 +27,38 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _RemoteDurability:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RemoteDurabilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RemoteDurability.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REMOTE_DURABILITY_UNSPECIFIED: _RemoteDurability.ValueType  # 0
+    """The same as BOTH."""
+    REMOTE_DURABILITY_BOTH: _RemoteDurability.ValueType  # 1
+    """Flushed on the sending node before Enqueue answers, and again on the receiving node."""
+    REMOTE_DURABILITY_ALTERNATE: _RemoteDurability.ValueType  # 2
+    """Every other Enqueue request is flushed only on the sending node (answered at once,
+    stored on the receiver without waiting for its flush); the next only on the receiving
+    node (answered once the receiver has flushed it). While the receiver does not confirm
+    within SOKUTATSU_QUEUEDB_ALTERNATE_WAIT_MS, the sender flushes every request itself.
+    """
+
+class RemoteDurability(_RemoteDurability, metaclass=_RemoteDurabilityEnumTypeWrapper):
+    """Seed 001, for the remote-enqueue path (QueueService.Enqueue into a forwarding queue)."""
+
+REMOTE_DURABILITY_UNSPECIFIED: RemoteDurability.ValueType  # 0
+"""The same as BOTH."""
+REMOTE_DURABILITY_BOTH: RemoteDurability.ValueType  # 1
+"""Flushed on the sending node before Enqueue answers, and again on the receiving node."""
+REMOTE_DURABILITY_ALTERNATE: RemoteDurability.ValueType  # 2
+"""Every other Enqueue request is flushed only on the sending node (answered at once,
+stored on the receiver without waiting for its flush); the next only on the receiving
+node (answered once the receiver has flushed it). While the receiver does not confirm
+within SOKUTATSU_QUEUEDB_ALTERNATE_WAIT_MS, the sender flushes every request itself.
+"""
+Global___RemoteDurability: _TypeAlias = RemoteDurability  # noqa: Y015
+
 class _Durability:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -178,6 +210,7 @@ class TransferRule(_message.Message):
     IMMEDIATE_FIELD_NUMBER: _builtins.int
     MIN_BATCH_FIELD_NUMBER: _builtins.int
     MAX_AGE_MS_FIELD_NUMBER: _builtins.int
+    DURABILITY_FIELD_NUMBER: _builtins.int
     to_node: _builtins.str
     """The receiving node's name; empty = the queue is local only."""
     to_queue: _builtins.str
@@ -187,6 +220,8 @@ class TransferRule(_message.Message):
     min_batch: _builtins.int
     """Deferred: transfer when this many messages wait or the oldest is this old."""
     max_age_ms: _builtins.int
+    durability: Global___RemoteDurability.ValueType
+    """Where a message enqueued through QueueService.Enqueue is flushed to disk."""
     def __init__(
         self,
         *,
@@ -195,10 +230,11 @@ class TransferRule(_message.Message):
         immediate: _builtins.bool = ...,
         min_batch: _builtins.int = ...,
         max_age_ms: _builtins.int = ...,
+        durability: Global___RemoteDurability.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["immediate", b"immediate", "max_age_ms", b"max_age_ms", "min_batch", b"min_batch", "to_node", b"to_node", "to_queue", b"to_queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durability", b"durability", "immediate", b"immediate", "max_age_ms", b"max_age_ms", "min_batch", b"min_batch", "to_node", b"to_node", "to_queue", b"to_queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -655,21 +691,28 @@ class TransferAck(_message.Message):
 
     LAST_RECEIVED_ID_FIELD_NUMBER: _builtins.int
     DUPLICATES_FIELD_NUMBER: _builtins.int
+    DURABLE_ID_FIELD_NUMBER: _builtins.int
     last_received_id: _builtins.int
     """The receiver's recovery row after the batch: the highest transfer id from
     this sender it has stored.
     """
     duplicates: _builtins.int
     """Messages in the batch at or below the old last_received_id, ignored."""
+    durable_id: _builtins.int
+    """The highest transfer id from this sender known to be flushed to disk here. Below
+    last_received_id when the latest batches were sender-durable (committed without
+    waiting for the flush): the sender keeps those until a later answer covers them.
+    """
     def __init__(
         self,
         *,
         last_received_id: _builtins.int = ...,
         duplicates: _builtins.int = ...,
+        durable_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates", b"duplicates", "last_received_id", b"last_received_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicates", b"duplicates", "durable_id", b"durable_id", "last_received_id", b"last_received_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -702,6 +745,7 @@ class RecoveryState(_message.Message):
     LAST_RECEIVED_ID_FIELD_NUMBER: _builtins.int
     sender_node: _builtins.str
     last_received_id: _builtins.int
+    """Flushed to disk before the answer: everything at or below it survives a crash."""
     def __init__(
         self,
         *,
