@@ -1,9 +1,12 @@
-"""Fresh databases on the session's PostgreSQL, one per queue-db node a test needs, migrated."""
+"""Fresh databases on the session's PostgreSQL, one per queue-db node a test needs, migrated; and the
+nodes' processes, started, killed and started again."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -11,6 +14,7 @@ from psycopg import sql
 
 from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.queuedb.schema import migrate
+from tests.helpers import ServiceProc, ensure_stopped, start_service
 
 NodeDatabase = Callable[[], str]
 
@@ -40,3 +44,36 @@ def node_database(pg_dsn: str) -> Iterator[NodeDatabase]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for name in made:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@dataclass
+class Node:
+    """A process that is started, killed and started again, each time with its own log folder."""
+
+    module: str
+    env: dict[str, str]
+    folder: Path
+    proc: ServiceProc | None = None
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self, crash_at: str = "") -> None:
+        self.starts += 1
+        run = self.folder / f"{self.module}-{self.starts}"
+        run.mkdir(parents=True)
+        prefix = "SOKUTATSU_QUEUEDB_" if self.module == "sokutatsu.queuedb" else "SOKUTATSU_TRANSFER_"
+        self.proc = start_service(self.module, {**self.env, f"{prefix}CRASH_AT": crash_at}, run)
+        self.logs.append(self.proc.log)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.process.poll()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            ensure_stopped(self.proc.process)
+
+    def tail(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])

@@ -10,7 +10,6 @@ import asyncio
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -22,8 +21,7 @@ from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
-from tests.helpers import ServiceProc, ensure_stopped, start_service
-from tests.queuedb.fix_queuedb import NodeDatabase
+from tests.queuedb.fix_queuedb import Node, NodeDatabase
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -32,39 +30,6 @@ STEPS = {
     "1pc": ["sender:assigned", "sender:acked", "sender:marked", "receiver:stored", "receiver:committed"],
     "2pc": ["sender:prepared", "sender:both-prepared", "sender:committed", "sender:finished", "receiver:prepared"],
 }
-
-
-@dataclass
-class Node:
-    """A process that is started, killed and started again, each time with its own log folder."""
-
-    module: str
-    env: dict[str, str]
-    folder: Path
-    proc: ServiceProc | None = None
-    starts: int = 0
-    logs: list[Path] = field(default_factory=list)
-
-    def start(self, crash_at: str = "") -> None:
-        self.starts += 1
-        run = self.folder / f"{self.module}-{self.starts}"
-        run.mkdir(parents=True)
-        prefix = "SOKUTATSU_QUEUEDB_" if self.module == "sokutatsu.queuedb" else "SOKUTATSU_TRANSFER_"
-        self.proc = start_service(self.module, {**self.env, f"{prefix}CRASH_AT": crash_at}, run)
-        self.logs.append(self.proc.log)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.process.poll() is None
-
-    def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.process.poll()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            ensure_stopped(self.proc.process)
-
-    def tail(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])
 
 
 @pytest.fixture
@@ -400,7 +365,7 @@ def test_the_deferred_trigger_fires_exactly_at_its_thresholds(node_database: Nod
 
     def due() -> bool:
         with psycopg.connect(dsn) as conn:
-            row = conn.execute(_DEFERRED_DUE, ("node2",)).fetchone()
+            row = conn.execute(_DEFERRED_DUE, {"node": "node2"}).fetchone()
         return bool(row and row[0])
 
     with psycopg.connect(dsn, autocommit=True) as conn:

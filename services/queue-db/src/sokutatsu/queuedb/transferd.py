@@ -166,7 +166,11 @@ SELECT coalesce(bool_or(
            OR (q.max_age_ms > 0 AND c.oldest <= now() - q.max_age_ms * interval '1 millisecond')
        ), false)
 FROM (SELECT queue, count(*) AS n, min(enqueued_at) AS oldest
-      FROM sokutatsu.outbox WHERE to_node = %s GROUP BY queue) AS c
+      FROM sokutatsu.outbox
+      WHERE to_node = %(node)s
+        -- not in a batch yet (sent batches the receiver has not flushed stay until it has)
+        AND id NOT IN (SELECT unnest(b.outbox_ids) FROM sokutatsu.transfer_batches b WHERE b.to_node = %(node)s)
+      GROUP BY queue) AS c
 LEFT JOIN sokutatsu.queues q ON q.name = c.queue
 """
 
@@ -262,13 +266,20 @@ class PeerLink:
             queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
         await self._mark_sent(conn, state.last_received_id)
-        self._unflushed_since = None if state.last_received_id >= self._acked else time.monotonic()
+        if state.last_received_id < self._acked:
+            # It acknowledged more than it now holds: its database restarted and lost batches it had
+            # stored without the flush. A new session resends them (recovery, seed case 2-1).
+            raise ConnectionError(
+                f"{self.peer.node} holds up to id {state.last_received_id} after acknowledging {self._acked}"
+            )
+        self._unflushed_since = None
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         state = await stub.GetRecoveryState(
             queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
         received = state.last_received_id  # flushed there before the answer
+        self._acked = received
         async with conn.transaction():
             last_sent = await self._cursor(conn)
             done = await self._forget(conn, received)
@@ -358,7 +369,7 @@ class PeerLink:
         poll = self._poll
         while True:
             self.wake.clear()  # before looking: a NOTIFY during the query must still wake the wait
-            cursor = await conn.execute(_DEFERRED_DUE, (self.peer.node,))
+            cursor = await conn.execute(_DEFERRED_DUE, {"node": self.peer.node})
             row = await cursor.fetchone()
             if row and row[0]:
                 return True
