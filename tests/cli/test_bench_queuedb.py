@@ -1,6 +1,7 @@
 """The queue-db benchmark's machinery on a tiny real run against the session's PostgreSQL: pgbench
-runs the raw insert and the SDK's own enqueue statement, the SDK phases enqueue, and both transfer
-modes deliver every preloaded message once with node1's outbox left empty. The figures themselves
+runs the raw insert and the SDK's own enqueue statement, the SDK phases enqueue, both transfer
+modes deliver every preloaded message once with node1's outbox left empty, and remote enqueue
+delivers every call's message with durability on both nodes and alternating. The figures themselves
 come from `make bench`."""
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import pytest
 from sokutatsu.cli.bench_queuedb import QueueDbBenchConfig, run
 
 pytestmark = pytest.mark.timeout(240)
-TINY = QueueDbBenchConfig(seconds=1, concurrency=2, transfer_messages=1_500, batch=100, transfer_batch=200)
+TINY = QueueDbBenchConfig(
+    seconds=1,
+    concurrency=2,
+    transfer_messages=1_500,
+    batch=100,
+    transfer_batch=200,
+    remote_messages=200,
+    remote_clients=4,
+)
 FIGURES = (
     "pgbench_insert_tps",
     "enqueue_tx_per_s",
@@ -19,6 +28,8 @@ FIGURES = (
     "enqueue_batch_msgs_per_s",
     "transfer_1pc_msgs_per_s",
     "transfer_2pc_msgs_per_s",
+    "alternate_msgs_per_s",
+    "both_durable_msgs_per_s",
 )
 
 
@@ -45,12 +56,16 @@ async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn:
         assert transfer["prepared_left"] == 0, mode
         assert transfer["complete"], mode
     assert result["transfers_complete"]
-    assert result["alternate_msgs_per_s"] is None
-    assert result["both_durable_msgs_per_s"] is None
-    assert set(result["not_built"]) == {"alternate_msgs_per_s", "both_durable_msgs_per_s"}
+    for durability in ("both", "alternate"):
+        remote = phases[f"remote_{durability}_1"]
+        assert remote["received"] == TINY.remote_messages + remote["warm_up_messages"], durability
+        assert remote["complete"], durability
+        # Every message was flushed somewhere: node1's enqueue commits, or node2's batches.
+        assert remote["node1_flushes_per_msg"] + remote["node2_flushes_per_msg"] > 0, durability
     ratios = result["ratios"]
     assert ratios["enqueue_vs_raw"] > 0
     assert ratios["onephase_vs_twophase"] > 0
+    assert ratios["alternate_vs_both"] > 0
     assert isinstance(ratios["batch_target_met"], bool)
     assert result["postgres"]["version"]
     assert result["postgres"]["source"] == "given"

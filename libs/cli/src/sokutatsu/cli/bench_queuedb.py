@@ -25,8 +25,15 @@ migrated, dropped at the end.
   ``WAN_BATCH`` (100) through a relay that delays every byte ``WAN_ONE_WAY_MS`` (5 ms) each way
   (``bench_link.delayed_link``), each with a tenth of the messages.
 
-Alternating durability (and both nodes durable under it) is not built yet: those figures are
-null, with a note.
+* **alternate_msgs_per_s / both_durable_msgs_per_s**: the remote-enqueue path of seed 001 on
+  two clusters of our own (each node its own WAL, so one node's flush does not flush the other's
+  commits; also with ``SOKUTATSU_PG_DSN``): node1's and node2's queue-db services and node1's
+  transfer daemon, each its own process; ``remote_clients`` concurrent callers in this process
+  send ``remote_messages`` single-message ``Enqueue`` calls into node1's immediate queue
+  forwarding to node2, with ``REMOTE_DURABILITY_BOTH`` or ``_ALTERNATE``; msgs/s until every call
+  is answered (and, ``delivered_msgs_per_s``, until node2 holds them all). ``REMOTE_RUNS`` runs of
+  each, interleaved, on fresh queues; the figures are their means. Each run also counts the WAL
+  flushes per message on each node (``pg_stat_wal.wal_sync``), the quantity alternation halves.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from grpc import aio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -59,17 +67,16 @@ from sokutatsu.queuedb.enqueue import (
     enqueue_batch_async,
 )
 from sokutatsu.queuedb.schema import migrate
+from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 LOCAL_QUEUE = "bench"
 FORWARD_QUEUE, TO_QUEUE = "orders", "inbox"
 QUEUEDB = ("sokutatsu.queuedb", "SOKUTATSU_QUEUEDB_")
 TRANSFERD = ("sokutatsu.queuedb.transferd", "SOKUTATSU_TRANSFER_")
 POLL_SECONDS = 0.05
-NOT_BUILT = (
-    "not built: alternating durability (seed 001: one node flushes per message, the other does not, "
-    "alternating) is a later piece of work; no figure is given rather than a made-up one"
-)
-TARGETS = {"enqueue_vs_raw": 0.8, "batch_msgs_per_s": 50_000, "onephase_vs_twophase": 2.0}
+TARGETS = {"enqueue_vs_raw": 0.8, "batch_msgs_per_s": 50_000, "onephase_vs_twophase": 2.0, "alternate_vs_both": 1.5}
+# Runs of each remote-enqueue durability, interleaved (both, alternate, both, ...).
+REMOTE_RUNS = 2
 SERVER_SETTINGS = (
     "synchronous_commit",
     "fsync",
@@ -86,6 +93,8 @@ class QueueDbBenchConfig:
     seconds: int  # per throughput phase (pgbench takes whole seconds)
     concurrency: int  # pgbench clients, asyncio connections
     transfer_messages: int  # preloaded per transfer mode
+    remote_messages: int = 0  # Enqueue calls per remote-enqueue run (0 = not measured)
+    remote_clients: int = 16  # concurrent Enqueue callers
     batch: int = 1_000  # messages per enqueue_batch transaction
     transfer_batch: int = 1_000  # SOKUTATSU_TRANSFER_BATCH
     size: int = 256  # body bytes
@@ -98,8 +107,8 @@ SMALL_BATCH = 10
 WAN_ONE_WAY_MS = 5.0
 WAN_BATCH = 100
 
-QUICK = QueueDbBenchConfig(seconds=3, concurrency=8, transfer_messages=20_000)
-FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000)
+QUICK = QueueDbBenchConfig(seconds=3, concurrency=8, transfer_messages=20_000, remote_messages=3_000)
+FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000, remote_messages=30_000)
 
 
 # ---------------------------------------------------------------- the server --
@@ -437,6 +446,105 @@ def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes,
     }
 
 
+# ---------------------------------------------------- remote enqueue (seed 001) --
+@contextlib.contextmanager
+def two_clusters() -> Iterator[tuple[str, str]]:
+    """Two embedded clusters of our own (each node its own WAL and flushes), migrated; removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="sokutatsu-bench-qdb-nodes-"))
+    folder.chmod(0o755)  # as root the clusters run as postgres
+    try:
+        with EmbeddedPostgres(folder / "node1") as one, EmbeddedPostgres(folder / "node2") as two:
+            for pg in (one, two):
+                with psycopg.connect(pg.dsn, autocommit=True) as conn:
+                    migrate(conn)
+            yield one.dsn, two.dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wal_syncs(dsn: str) -> int:
+    return int(_scalar(dsn, "SELECT wal_sync FROM pg_stat_wal"))
+
+
+async def _remote_clients(address: str, queue: str, n: int, size: int, clients: int) -> float:
+    """``n`` single-message Enqueue calls from ``clients`` concurrent callers; seconds until all answered."""
+    body = b"x" * size
+    left = n
+
+    async with aio.insecure_channel(address) as channel:
+        stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
+        request = queuedb_pb2.EnqueueRequest(queue=queue, messages=[queuedb_pb2.NewMessage(body=body)])
+
+        async def caller() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await stub.Enqueue(request, timeout=60)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(clients)))
+        return time.perf_counter() - start
+
+
+async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where to log
+    node1: str, node2: str, durability: str, n: int, cfg: QueueDbBenchConfig, folder: Path, run: int
+) -> dict[str, Any]:
+    """``n`` Enqueue calls into node1's queue forwarding to node2, durable on both or alternating;
+    the clock runs until every call is answered, and on until node2 holds every message."""
+    queue = f"remote-{durability}-{run}"
+    run_folder = folder / queue
+    run_folder.mkdir()
+    rule = queuedb_pb2.TransferRule(
+        to_node="node2",
+        immediate=True,
+        durability=queuedb_pb2.REMOTE_DURABILITY_ALTERNATE
+        if durability == "alternate"
+        else queuedb_pb2.REMOTE_DURABILITY_BOTH,
+    )
+    flushes_before = _wal_syncs(node1), _wal_syncs(node2)
+    with (
+        service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver,
+        service_process(*QUEUEDB, run_folder, "node1", dsn=node1) as sender,
+        service_process(*TRANSFERD, run_folder, "transfer", node="node1", dsn=node1, peers=f"node2={receiver.address}"),
+    ):
+        async with aio.insecure_channel(sender.address) as channel:
+            stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
+            create = queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name=queue, transfer=rule))
+            await stub.CreateQueue(create, timeout=30)
+        warm = min(500, n // 10)
+        await _remote_clients(sender.address, queue, warm, cfg.size, cfg.remote_clients)
+        before = cpu_sample()
+        seconds = await _remote_clients(sender.address, queue, n, cfg.size, cfg.remote_clients)
+        answered = time.perf_counter()
+        deadline = answered + max(60.0, n / 500)
+        while True:
+            received = int(_scalar(node2, "SELECT count(*) FROM sokutatsu.messages WHERE queue = %s", (queue,)))
+            if received >= n + warm or time.perf_counter() > deadline:
+                break
+            await asyncio.sleep(POLL_SECONDS)
+        delivered = time.perf_counter() - answered + seconds
+        steal = steal_percent(before, cpu_sample())
+        outbox = _outbox_drained(node1)
+    # Read once the services have stopped: a backend reports its WAL statistics when it exits.
+    flushes = [_wal_syncs(dsn) - b for dsn, b in zip((node1, node2), flushes_before, strict=True)]
+    return {
+        "durability": durability,
+        # WAL flushes (pg_stat_wal.wal_sync) per message on each node, the whole run (warm-up included).
+        "node1_flushes_per_msg": round(flushes[0] / (n + warm), 3),
+        "node2_flushes_per_msg": round(flushes[1] / (n + warm), 3),
+        "msgs_per_s": round(n / seconds),
+        "delivered_msgs_per_s": round(n / delivered),
+        "messages": n,
+        "warm_up_messages": warm,
+        "clients": cfg.remote_clients,
+        "seconds": round(seconds, 3),
+        "received": received,
+        "outbox_left": outbox,
+        "complete": received == n + warm and outbox == 0,
+        "cpu_steal_percent": steal,
+    }
+
+
 # ---------------------------------------------------------------------- run --
 async def _phase(measure: Awaitable[dict[str, Any]]) -> dict[str, Any]:
     before = cpu_sample()
@@ -490,6 +598,12 @@ async def measure(cfg: QueueDbBenchConfig, server: Server, folder: Path) -> dict
         wan = replace(cfg, transfer_batch=WAN_BATCH, transfer_messages=cfg.transfer_messages // 10)
         for mode in ("1pc", "2pc"):
             phases[f"transfer_{mode}_wan"] = measure_transfer(node1, node2, mode, wan, folder, WAN_ONE_WAY_MS)
+    with two_clusters() as (node1, node2):
+        for run in range(REMOTE_RUNS):
+            for durability in ("both", "alternate"):
+                phases[f"remote_{durability}_{run + 1}"] = await measure_remote_enqueue(
+                    node1, node2, durability, cfg.remote_messages, cfg, folder, run + 1
+                )
     return phases
 
 
@@ -520,6 +634,12 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
         "onephase_vs_twophase_small_batch": _ratio(one_small, two_small),
         "onephase_vs_twophase_wan": _ratio(one_wan, two_wan),
     }
+    remote = {d: [p for k, p in phases.items() if k.startswith(f"remote_{d}_")] for d in ("both", "alternate")}
+    both = round(sum(p["msgs_per_s"] for p in remote["both"]) / len(remote["both"]))
+    alternate = round(sum(p["msgs_per_s"] for p in remote["alternate"]) / len(remote["alternate"]))
+    ratios["alternate_vs_both"] = _ratio(alternate, both)
+    ratios["alternate_vs_both_target"] = TARGETS["alternate_vs_both"]
+    ratios["alternate_vs_both_met"] = (ratios["alternate_vs_both"] or 0) >= TARGETS["alternate_vs_both"]
     ratios["enqueue_vs_raw_met"] = (ratios["enqueue_vs_raw"] or 0) >= TARGETS["enqueue_vs_raw"]
     ratios["onephase_vs_twophase_met"] = (ratios["onephase_vs_twophase"] or 0) >= TARGETS["onephase_vs_twophase"]
     return {
@@ -537,11 +657,18 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
             "1pc_msgs_per_s": one_wan,
             "2pc_msgs_per_s": two_wan,
         },
-        "alternate_msgs_per_s": None,
-        "both_durable_msgs_per_s": None,
-        "not_built": {"alternate_msgs_per_s": NOT_BUILT, "both_durable_msgs_per_s": NOT_BUILT},
+        "alternate_msgs_per_s": alternate,
+        "both_durable_msgs_per_s": both,
+        "remote_enqueue": {
+            d: {
+                "msgs_per_s": [p["msgs_per_s"] for p in runs],
+                "node1_flushes_per_msg": [p["node1_flushes_per_msg"] for p in runs],
+                "node2_flushes_per_msg": [p["node2_flushes_per_msg"] for p in runs],
+            }
+            for d, runs in remote.items()
+        },
         "ratios": ratios,
-        "transfers_complete": all(p["complete"] for k, p in phases.items() if k.startswith("transfer_")),
+        "transfers_complete": all(p["complete"] for k, p in phases.items() if k.startswith(("transfer_", "remote_"))),
         "phases": phases,
         "config": asdict(cfg),
         "postgres": {**facts, "source": server.source, "pgbench": str(server.bindir / "pgbench")},
@@ -549,7 +676,8 @@ async def run(cfg: QueueDbBenchConfig, server_dsn: str | None = None, source: st
             f"one PostgreSQL cluster, two databases (node1, node2), all on loopback; pgbench -M prepared with "
             f"{cfg.concurrency} clients/threads; SDK phases: {cfg.concurrency} psycopg AsyncConnections in one "
             "process, autocommit (one statement per transaction); transfer: queue-db service on node2 and "
-            "transfer daemon on node1, each its own process"
+            "transfer daemon on node1, each its own process; remote enqueue: two embedded clusters (node1, node2), "
+            f"both services and the daemon each its own process, {cfg.remote_clients} concurrent Enqueue callers"
         ),
         "machine": machine(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -336,7 +336,8 @@ def bench_queuedb(
     quick: Annotated[bool, typer.Option("--quick", help="Shorter phases, for a smoke run of about a minute.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
 ) -> None:
-    """Queue-db: enqueue vs a raw insert (pgbench), SDK enqueue and batches, transfer 1PC vs 2PC."""
+    """Queue-db: enqueue vs a raw insert (pgbench), SDK enqueue and batches, transfer 1PC vs 2PC, remote
+    enqueue with alternating durability vs durable on both nodes."""
     import os  # noqa: PLC0415 - only for this command
 
     from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
@@ -348,7 +349,8 @@ def bench_queuedb(
         f"bench queue-db ({'quick' if quick else 'full'}) on "
         f"{'SOKUTATSU_PG_DSN' if server_dsn else 'an embedded PostgreSQL cluster'}: {cfg.concurrency} clients, "
         f"{cfg.size}-byte bodies, {cfg.seconds}s per phase (raw insert, enqueue with pgbench, SDK enqueue, "
-        f"batches of {cfg.batch:,}); then transfer of {cfg.transfer_messages:,} messages node1 -> node2, 1PC and 2PC"
+        f"batches of {cfg.batch:,}); then transfer of {cfg.transfer_messages:,} messages node1 -> node2, 1PC and 2PC; "
+        f"then {cfg.remote_messages:,} remote Enqueue calls, alternating durability vs both"
     )
     result = asyncio.run(run(cfg, server_dsn, "SOKUTATSU_PG_DSN"))
     result["mode"] = "quick" if quick else "full"
@@ -370,14 +372,22 @@ def bench_queuedb(
             f"daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} msgs/s "
             f"with it), outbox left {transfer['outbox_left']}, complete {transfer['complete']}"
         )
-    console.print("  alternate / both durable: not built yet (null)")
+    for key in sorted(k for k in phases if k.startswith("remote_")):
+        remote = phases[key]
+        line(f"remote enqueue, {remote['durability']} (run {key[-1]})", remote["msgs_per_s"], "msgs/s", key)
+        console.print(
+            f"    WAL flushes per message: node1 {remote['node1_flushes_per_msg']}, "
+            f"node2 {remote['node2_flushes_per_msg']}; "
+            f"{remote['received']:,} received, outbox left {remote['outbox_left']}, complete {remote['complete']}"
+        )
     ratios = result["ratios"]
     console.print(
         f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
         f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
         f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}), "
         f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}, "
-        f"between sites {ratios['onephase_vs_twophase_wan']}; "
+        f"between sites {ratios['onephase_vs_twophase_wan']}; alternate/both "
+        f"{ratios['alternate_vs_both']} (target >= {ratios['alternate_vs_both_target']}); "
         f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
     )
     write_json(json_path, result)

@@ -148,12 +148,17 @@ class Turns:
 EnqueueInto = Callable[[psycopg.AsyncConnection[Any], int], Awaitable[list[int]]]
 
 
-async def enqueue_alternating(db: Database, turns: Turns, queue: str, node: str, enqueue: EnqueueInto) -> list[int]:
-    """One Enqueue request into a forwarding ``queue`` (to ``node``), flushed where the turn says."""
+async def enqueue_alternating(  # noqa: PLR0917 - the request, and what to call after its commit
+    db: Database, turns: Turns, queue: str, node: str, enqueue: EnqueueInto, committed: Callable[[], None]
+) -> list[int]:
+    """One Enqueue request into a forwarding ``queue`` (to ``node``), flushed where the turn says;
+    ``committed()`` once it is committed here (it wakes the transfer daemon)."""
     if not turns.receiver_turn(queue, node):
         async with db.transaction() as conn:
-            return await enqueue(conn, FLUSH_SENDER)
-    ids: list[int] = []
+            ids = await enqueue(conn, FLUSH_SENDER)
+        committed()
+        return ids
+    ids = []
     try:
         async with db.transaction(durable=False) as conn:
             ids = await enqueue(conn, FLUSH_RECEIVER)
@@ -161,5 +166,6 @@ async def enqueue_alternating(db: Database, turns: Turns, queue: str, node: str,
     except BaseException:
         turns.forget(ids)
         raise
+    committed()
     await turns.confirmed(node, ids, futures)
     return ids

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,9 +27,10 @@ from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgu
 from sokutatsu.core.settings import SettingsError, parse_name
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
-from sokutatsu.queuedb.enqueue import Message, QueueNotFound, enqueue_batch_async
+from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, enqueue_batch_async
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from sokutatsu.queuedb.wake import Waker
 
 # Longest a Dequeue may wait for a message; longer waits are refused (clients loop instead).
 MAX_WAIT_MS = 20_000
@@ -223,6 +225,13 @@ def _validate_rule(queue: queuedb_pb2.Queue) -> None:
             raise InvalidArgument(f"TransferRule.{field} of {value} is over the limit of {_MAX_INT4}")
 
 
+@dataclass(frozen=True)
+class _Forwarding:
+    node: str
+    immediate: bool
+    alternate: bool  # alternating durability (seed 001) for Enqueue calls
+
+
 def _parse_lease(lease: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(lease)
@@ -237,13 +246,14 @@ def _delay(value: int, field: str) -> int:
 
 
 class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
-    def __init__(self, db: Database, settings: QueueDbSettings, turns: Turns) -> None:
+    def __init__(self, db: Database, settings: QueueDbSettings, turns: Turns, waker: Waker) -> None:
         self.db = db
         self.settings = settings
         self.turns = turns
-        # Queues with alternating durability -> their receiving node. Read once per queue: the API
-        # never changes or deletes a queue (CreateQueue refuses other settings for an existing one).
-        self._alternating: dict[str, str | None] = {}
+        self.waker = waker
+        # Forwarding queues' rules (None: a local queue). Read once per queue: the API never changes
+        # or deletes a queue (CreateQueue refuses other settings for an existing one).
+        self._rules: dict[str, _Forwarding | None] = {}
 
     async def CreateQueue(
         self, request: queuedb_pb2.CreateQueueRequest, context: aio.ServicerContext[Any, Any]
@@ -338,33 +348,44 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         batch = [Message(bytes(m.body), dict(m.headers) or None, m.key) for m in request.messages]
 
         async def into(conn: psycopg.AsyncConnection[Any], flush: int) -> list[int]:
-            return await enqueue_batch_async(conn, name, batch, flush=flush)
+            # The daemon is woken after the commit, not by a NOTIFY in this transaction (see Waker).
+            return await enqueue_batch_async(conn, name, batch, immediate=False, flush=flush)
 
         try:
-            node = await self._alternates_to(name)
-            if node is None:
+            rule = await self._forwarding(name)
+            if rule is None:
                 async with self.db.transaction() as conn:
                     seqs = await enqueue_batch_async(conn, name, batch)
             else:
-                seqs = await enqueue_alternating(self.db, self.turns, name, node, into)
+
+                def committed() -> None:
+                    if rule.immediate:
+                        self.waker.wake(rule.node)
+
+                if rule.alternate:
+                    seqs = await enqueue_alternating(self.db, self.turns, name, rule.node, into, committed)
+                else:
+                    async with self.db.transaction() as conn:
+                        seqs = await into(conn, FLUSH_BOTH)
+                    committed()
         except QueueNotFound:
             raise _not_found(name) from None
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         return queuedb_pb2.EnqueueResponse(seqs=seqs)
 
-    async def _alternates_to(self, queue: str) -> str | None:
-        """The receiving node when ``queue`` forwards with alternating durability, else None."""
-        if queue not in self._alternating:
+    async def _forwarding(self, queue: str) -> _Forwarding | None:
+        """``queue``'s transfer rule, or None when it is local (or does not exist: the enqueue says so)."""
+        if queue not in self._rules:
             async with self.db.transaction() as conn:
                 cursor = await conn.execute(
-                    "SELECT to_node, durability FROM sokutatsu.queues WHERE name = %s", (queue,)
+                    "SELECT to_node, immediate, durability FROM sokutatsu.queues WHERE name = %s", (queue,)
                 )
                 row = await cursor.fetchone()
             if row is None:
-                return None  # the enqueue says NOT_FOUND; not cached, the queue may be created later
-            self._alternating[queue] = row[0] if row[0] and row[1] == "alternate" else None
-        return self._alternating[queue]
+                return None  # not cached: the queue may be created later
+            self._rules[queue] = _Forwarding(row[0], row[1], row[2] == "alternate") if row[0] else None
+        return self._rules[queue]
 
     async def Dequeue(
         self, request: queuedb_pb2.DequeueRequest, context: aio.ServicerContext[Any, Any]

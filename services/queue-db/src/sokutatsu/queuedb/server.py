@@ -25,6 +25,7 @@ from sokutatsu.queuedb.receiver import TransferReceiver
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from sokutatsu.queuedb.wake import Waker
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ def build(settings: QueueDbSettings) -> Register:
         context.stack.push_async_callback(db.close)
         turns = Turns(db, settings.alternate_wait_ms)
         context.start_background(turns.listen(), "alternate-confirmations")
-        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings, turns), server)
+        waker = Waker(db)
+        context.start_background(waker.run(), "transfer-waker")
+        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings, turns, waker), server)
         queuedb_pb2_grpc.add_TransferServicer_to_server(
             TransferReceiver(db, settings.max_batch, CrashPoints(settings.crash_at)), server
         )
