@@ -108,7 +108,7 @@ WAN_ONE_WAY_MS = 5.0
 WAN_BATCH = 100
 
 QUICK = QueueDbBenchConfig(seconds=3, concurrency=8, transfer_messages=20_000, remote_messages=3_000)
-FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000, remote_messages=30_000)
+FULL = QueueDbBenchConfig(seconds=20, concurrency=8, transfer_messages=200_000, remote_messages=15_000)
 
 
 # ---------------------------------------------------------------- the server --

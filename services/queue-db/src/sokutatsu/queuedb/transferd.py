@@ -8,9 +8,13 @@ Per receiving node, in a loop:
    become a batch with dense transfer ids after the cursor ``transfer_out.last_sent_id``,
    which moves with them: one batch row, no update per message. Commit (durably), then send;
 2. **deliver**: the receiver stores the batch and its recovery row in one transaction
-   and answers with its ``last_received_id``;
-3. **mark sent** (one local transaction): the confirmed batch and its messages are
-   deleted. This commit need not be durable: if it is lost, step 0 repeats it.
+   and answers with its ``last_received_id`` and ``durable_id`` (the two differ when it
+   stored sender-durable messages without the flush, seed 001: see docs/queue-db.md);
+3. **mark sent** (one local transaction): the batches the receiver has flushed and their
+   messages are deleted, and a ``NOTIFY`` names the ids an ``Enqueue`` call waits for.
+   This commit need not be durable: if it is lost, step 0 repeats it. Batches acknowledged
+   but not flushed there stay until a later answer, or ``GetRecoveryState`` (which flushes
+   before it answers), covers them;
 
 0. **recover**, on every (re)connection: ask the receiver's ``last_received_id``; sending
    messages at or below it are marked sent without resending (seed case 2-2), the rest are
