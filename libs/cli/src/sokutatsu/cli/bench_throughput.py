@@ -10,6 +10,10 @@ broker process, with the publisher and the subscriber each in its own process (a
 * **latency**: the publisher offers a fixed rate (default 5,000 msgs/s),
   paced every millisecond; each delivery's latency is its receive time minus
   its publish time (one clock, one machine).
+
+With ``--tracing`` both are run twice in one invocation: first untraced, then with every
+process tracing to files (``SOKUTATSU_TRACE_DIR``, a temporary folder: the broker's gRPC
+spans, the SDK's send and process spans of docs/tracing.md), to give what tracing costs.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sokutatsu.cli.bench_common import (
@@ -32,6 +39,7 @@ from sokutatsu.cli.bench_common import (
     steal_percent,
 )
 from sokutatsu.client import BufferFull, Publisher, Subscriber
+from sokutatsu.core.telemetry import setup_telemetry
 
 
 @dataclass
@@ -52,6 +60,8 @@ SUBSCRIBER_READY = "ready"
 async def subscriber_main(address: str, topic: str, count: int) -> dict[str, Any]:
     """The subscriber side, run in its own process: receive ``count`` messages, report times and latencies."""
     latencies: list[float] = []
+    trace_dir = os.environ.get("SOKUTATSU_TRACE_DIR")
+    telemetry = setup_telemetry("bench", "subscriber", Path(trace_dir) if trace_dir else None)
     async with Subscriber(address, f"bench-{topic}", topic) as sub:
         await asyncio.wait_for(sub.connected.wait(), 10)
         print(SUBSCRIBER_READY, flush=True)  # noqa: T201 - protocol with the parent process
@@ -68,6 +78,7 @@ async def subscriber_main(address: str, topic: str, count: int) -> dict[str, Any
         done_ns = time.time_ns()
         gaps = len(sub.gaps)
         duplicates = sub.duplicates
+    telemetry.shutdown()
     ordered = sorted(latencies)
     return {
         "received": received,
@@ -158,6 +169,35 @@ async def run(cfg: ThroughputConfig) -> dict[str, Any]:
         "setup": "1 publisher process -> 1 broker process -> 1 subscriber process (asyncio each); "
         "persistent, acknowledged, 1 KiB bodies, loopback",
         "machine": machine(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+async def run_tracing_comparison(cfg: ThroughputConfig) -> dict[str, Any]:
+    """:func:`run` untraced, then traced to files in every process; the traced/untraced ratios."""
+    off = await run(cfg)
+    with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-traces-") as folder:
+        os.environ["SOKUTATSU_TRACE_DIR"] = folder  # for the broker and subscriber processes
+        telemetry = setup_telemetry("bench", "publisher", Path(folder))
+        try:
+            on = await run(cfg)
+        finally:
+            telemetry.shutdown()
+            del os.environ["SOKUTATSU_TRACE_DIR"]
+        files = list(Path(folder).glob("*.jsonl"))  # noqa: ASYNC240 - after the run, a few small files
+        lines = sum(len(f.read_text().splitlines()) for f in files)
+        size = sum(f.stat().st_size for f in files)
+    return {
+        "benchmark": "throughput-tracing",
+        "untraced": off,
+        "traced": on,
+        "traced_vs_untraced": {
+            "msgs_per_s": round(on["msgs_per_s"] / off["msgs_per_s"], 3),
+            "p50_ms": round(on["p50_ms"] / off["p50_ms"], 3),
+            "p99_ms": round(on["p99_ms"] / off["p99_ms"], 3),
+        },
+        "trace_files": {"export_lines": lines, "bytes": size},
+        "machine": off["machine"],
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

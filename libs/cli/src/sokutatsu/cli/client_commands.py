@@ -160,12 +160,32 @@ def metrics_table(s: broker_pb2.BrokerStats) -> Table:
 def bench_throughput(
     quick: Annotated[bool, typer.Option("--quick", help="A smoke run of a few seconds.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+    tracing: Annotated[
+        bool, typer.Option("--tracing", help="Run untraced, then traced to files in every process; compare.")
+    ] = False,
 ) -> None:
     """1 publisher -> 1 subscriber, 1 KiB persistent acked messages: msgs/s, and p50/p99 at 5,000 msgs/s."""
     from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
-    from sokutatsu.cli.bench_throughput import FULL, QUICK, run  # noqa: PLC0415
+    from sokutatsu.cli.bench_throughput import FULL, QUICK, run, run_tracing_comparison  # noqa: PLC0415
 
     cfg = QUICK if quick else FULL
+    if tracing:
+        console.print(f"bench throughput ({'quick' if quick else 'full'}), untraced then traced to files")
+        compared = asyncio.run(run_tracing_comparison(cfg))
+        compared["mode"] = "quick" if quick else "full"
+        for label in ("untraced", "traced"):
+            one = compared[label]
+            console.print(
+                f"  {label:<9} {one['msgs_per_s']:>9,} msgs/s   at {one['rate']:,} msgs/s: p50 {one['p50_ms']} ms  "
+                f"p99 {one['p99_ms']} ms   CPU steal {one['throughput']['cpu_steal_percent']}% / "
+                f"{one['latency']['cpu_steal_percent']}%"
+            )
+        console.print(
+            f"traced / untraced: {compared['traced_vs_untraced']}; "
+            f"{compared['trace_files']['export_lines']:,} export lines, {compared['trace_files']['bytes']:,} bytes"
+        )
+        write_json(json_path, compared)
+        return
     console.print(
         f"bench throughput ({'quick' if quick else 'full'}): {cfg.messages} messages flat out, "
         f"then {cfg.rate} msgs/s for {cfg.seconds:g}s; {cfg.size}-byte bodies, persistent, acknowledged"

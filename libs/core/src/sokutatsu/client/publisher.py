@@ -35,6 +35,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client._tracing import TRACEPARENT, SendSpans, tracing_on
 from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
 from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
 
@@ -117,6 +118,7 @@ class Publisher:
         self._last_refusal = ""
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._spans: SendSpans | None = None  # set by start() when tracing is on
         # Counters from the brokers' acknowledgements.
         self.dropped = 0
         self.duplicates = 0
@@ -138,6 +140,8 @@ class Publisher:
 
     async def start(self) -> None:
         """Connect to the brokers and learn where this publisher's sequence continues."""
+        if tracing_on():
+            self._spans = SendSpans(self.publisher_id)
         self._tasks = [
             asyncio.create_task(self._run_link(link), name=f"publish-{link.address}") for link in self._links
         ]
@@ -165,6 +169,8 @@ class Publisher:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._spans is not None:
+            self._spans.close()
         self._fail_waiters(Closed("publisher closed"))
 
     @property
@@ -205,9 +211,11 @@ class Publisher:
             raise BufferFull(f"{self.max_pending} messages are waiting for acknowledgement; await flush()")
         seq = self._next_seq
         self._next_seq += 1
-        payload = encode_message(
-            self._publisher_field, seq, key, body, dict(headers) if headers else None, persistent, time.time_ns(), stamp
-        )
+        fields = dict(headers) if headers else None
+        if self._spans is not None:
+            fields = fields or {}
+            fields[TRACEPARENT] = self._spans.traceparent(topic, seq, len(body))
+        payload = encode_message(self._publisher_field, seq, key, body, fields, persistent, time.time_ns(), stamp)
         element = message_element(payload)
         self._pending.append(_Pending(seq, topic, element, len(element)))
         for link in self._links:
@@ -389,6 +397,9 @@ class Publisher:
                 await asyncio.sleep(self.linger)
                 continue
             lingered = False
+            spans = self._spans
+            if spans is not None:
+                spans.seal()
             topic = pending[index].topic
             elements: list[bytes] = []
             size = 0
@@ -405,6 +416,8 @@ class Publisher:
             rewinds = link.rewinds
             link.last_send = loop.time()
             await write_frame(call, batch_frame(topic, elements))
+            if spans is not None:
+                spans.written(last_seq)
             if link.rewinds == rewinds:  # no refusal sent us back meanwhile
                 link.sent_through = last_seq
 

@@ -32,6 +32,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client._tracing import ProcessSpans, tracing_on
 from sokutatsu.client.errors import BrokerError, GapError
 from sokutatsu.client.publisher import CHANNEL_OPTIONS
 
@@ -115,6 +116,7 @@ class Subscriber:
         self.gaps: list[GapError] = []
         self.connected = asyncio.Event()
         self.broker_id = ""
+        self._spans: ProcessSpans | None = None  # set by start() when tracing is on
 
     # ------------------------------------------------------------- lifecycle --
     async def __aenter__(self) -> Subscriber:
@@ -127,6 +129,8 @@ class Subscriber:
         await self.close()
 
     async def start(self) -> None:
+        if tracing_on():
+            self._spans = ProcessSpans(self.subscription.subscriber_id, self.subscription.topic)
         if self.subscription.durable:
             await self._create_subscription()
         self._task = asyncio.create_task(self._run(), name=f"subscribe-{self.subscription.subscriber_id}")
@@ -313,6 +317,8 @@ class Subscriber:
     def _accept(self, messages: Sequence[broker_pb2.Message]) -> None:
         received = self._received
         buffer = self._buffer
+        spans = self._spans
+        accepted: list[broker_pb2.Message] | None = [] if spans is not None else None
         for message in messages:
             publisher = message.publisher_id
             seq = message.publisher_seq
@@ -320,6 +326,8 @@ class Subscriber:
             if seq <= have:
                 self.duplicates += 1
                 continue
+            if accepted is not None:
+                accepted.append(message)
             if message.previous_seq > have and have:
                 gap = GapError(publisher, have + 1, message.previous_seq)
                 self.gaps.append(gap)
@@ -328,6 +336,8 @@ class Subscriber:
                     buffer.append(gap)
             received[publisher] = seq
             buffer.append(message)
+        if spans is not None and accepted is not None:
+            spans.accepted(accepted)
         self._arrived.set()
 
 
