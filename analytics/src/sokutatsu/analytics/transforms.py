@@ -1,0 +1,266 @@
+"""The analyses: pure functions from the span DataFrame to result tables (no I/O).
+
+Each follows docs/tracing.md. The input has the columns of
+:data:`sokutatsu.analytics.reader.SPAN_COLUMNS`. Percentiles are exact (Spark's
+``percentile``, linear interpolation between the closest ranks, as numpy's
+default), weighted where a row stands for several messages.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+__all__ = [
+    "PERCENTILES",
+    "delivery_latency",
+    "dependency_graph",
+    "loss_audit",
+    "message_runs",
+    "sent_ranges",
+    "switchover_steps",
+]
+
+#: The percentiles every latency table reports, and their column suffixes.
+PERCENTILES = ((0.5, "p50"), (0.95, "p95"), (0.99, "p99"))
+
+_NS_PER_MS = 1_000_000.0
+
+OPERATION = "messaging.operation.type"
+DESTINATION = "messaging.destination.name"
+CLIENT_ID = "messaging.client.id"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+SEQ_FIRST = "sokutatsu.seq.first"
+SEQ_LAST = "sokutatsu.seq.last"
+
+
+def _attr(name: str, column: str = "attributes") -> Column:
+    return F.col(column)[name]
+
+
+def _percentile_columns(value: Column, prefix: str, frequency: Column | None = None) -> list[Column]:
+    fractions = F.array(*[F.lit(p) for p, _ in PERCENTILES])
+    values = F.percentile(value, fractions) if frequency is None else F.percentile(value, fractions, frequency)
+    return [values.alias(f"_{prefix}_percentiles")]
+
+
+def _expand_percentiles(frame: DataFrame, prefix: str) -> DataFrame:
+    array = F.col(f"_{prefix}_percentiles")
+    columns = [array[i].alias(f"{name}_{prefix}") for i, (_, name) in enumerate(PERCENTILES)]
+    return frame.select(*[c for c in frame.columns if c != f"_{prefix}_percentiles"], *columns)
+
+
+def sent_ranges(spans: DataFrame) -> DataFrame:
+    """One row per ``send`` span: its batch's range of publisher sequence numbers.
+
+    Columns: trace_id, span_id, publisher, topic, seq_first, seq_last, send_start_ns.
+    """
+    return spans.where(_attr(OPERATION) == "send").select(
+        "trace_id",
+        "span_id",
+        _attr(CLIENT_ID).alias("publisher"),
+        _attr(DESTINATION).alias("topic"),
+        _attr(SEQ_FIRST).cast("long").alias("seq_first"),
+        _attr(SEQ_LAST).cast("long").alias("seq_last"),
+        F.col("start_ns").alias("send_start_ns"),
+    )
+
+
+def message_runs(spans: DataFrame) -> DataFrame:
+    """One row per link of a ``process`` span: a run of consecutive messages from one send span.
+
+    Columns: subscriber, topic, process_span_id, process_start_ns, send_trace_id,
+    send_span_id, publisher, seq_first, seq_last, messages (seq_last - seq_first + 1).
+    Links without a valid range are left out.
+    """
+    links = spans.where(_attr(OPERATION) == "process").select(
+        _attr(CONSUMER_GROUP).alias("subscriber"),
+        _attr(DESTINATION).alias("topic"),
+        F.col("span_id").alias("process_span_id"),
+        F.col("start_ns").alias("process_start_ns"),
+        F.explode("links").alias("link"),
+    )
+    runs = links.select(
+        "subscriber",
+        "topic",
+        "process_span_id",
+        "process_start_ns",
+        F.col("link.trace_id").alias("send_trace_id"),
+        F.col("link.span_id").alias("send_span_id"),
+        _attr(CLIENT_ID, "link.attributes").alias("publisher"),
+        _attr(SEQ_FIRST, "link.attributes").cast("long").alias("seq_first"),
+        _attr(SEQ_LAST, "link.attributes").cast("long").alias("seq_last"),
+    ).withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
+    return runs.where(F.col("messages") > 0)
+
+
+def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
+    """Delivery latency per subscriber, topic and window of the process spans' start.
+
+    A run contributes ``process.start - send.start`` once per message. Columns:
+    subscriber, topic, window_start_ns, window_seconds, messages, p50_ms, p95_ms,
+    p99_ms, max_ms. Runs whose send span is not in the traces are left out.
+    """
+    window_ns = round(window_seconds * 1e9)
+    if window_ns <= 0:
+        raise ValueError(f"window_seconds must be positive, not {window_seconds}")
+    sends = sent_ranges(spans).select(
+        F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
+    )
+    runs = message_runs(spans).join(sends, ["send_trace_id", "send_span_id"])
+    timed = runs.select(
+        "subscriber",
+        "topic",
+        (F.col("process_start_ns") - F.pmod(F.col("process_start_ns"), F.lit(window_ns))).alias("window_start_ns"),
+        "messages",
+        ((F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS).alias("latency_ms"),
+    )
+    grouped = timed.groupBy("subscriber", "topic", "window_start_ns").agg(
+        F.sum("messages").alias("messages"),
+        *_percentile_columns(F.col("latency_ms"), "ms", F.col("messages")),
+        F.max("latency_ms").alias("max_ms"),
+    )
+    table = _expand_percentiles(grouped, "ms").withColumn("window_seconds", F.lit(float(window_seconds)))
+    return table.select(
+        "subscriber", "topic", "window_start_ns", "window_seconds", "messages", "p50_ms", "p95_ms", "p99_ms", "max_ms"
+    ).orderBy("subscriber", "topic", "window_start_ns")
+
+
+def _merged(ranges: DataFrame, keys: list[str]) -> DataFrame:
+    """The union of [seq_first, seq_last] ranges per key, as disjoint, non-adjacent ranges."""
+    ordered = Window.partitionBy(*keys).orderBy("seq_first", "seq_last")
+    reach = F.max("seq_last").over(ordered.rowsBetween(Window.unboundedPreceding, -1))
+    starts = ranges.withColumn("_new", F.when(reach.isNull() | (F.col("seq_first") > reach + 1), 1).otherwise(0))
+    grouped = starts.withColumn("_range", F.sum("_new").over(ordered.rowsBetween(Window.unboundedPreceding, 0)))
+    return grouped.groupBy(*keys, "_range").agg(
+        F.min("seq_first").alias("seq_first"), F.max("seq_last").alias("seq_last")
+    )
+
+
+def _size(first: str = "seq_first", last: str = "seq_last") -> Column:
+    return F.col(last) - F.col(first) + 1
+
+
+def loss_audit(spans: DataFrame) -> DataFrame:
+    """Sent against processed sequence numbers, per subscriber and topic (exact, by range arithmetic).
+
+    A subscriber is audited for every topic it processed anything from, against every
+    publisher that sent on that topic. Columns: subscriber, topic, publishers, sent
+    (distinct sequence numbers sent), processed (messages processed, repeats counted),
+    lost (sent, never processed), duplicates (processings beyond the first), unsent
+    (processed, but no send span covers them: e.g. a publisher's traces are missing).
+    """
+    sent = _merged(
+        sent_ranges(spans)
+        .where(F.col("seq_last") >= F.col("seq_first"))
+        .select("publisher", "topic", "seq_first", "seq_last"),
+        ["publisher", "topic"],
+    )
+    sent_sizes = sent.groupBy("publisher", "topic").agg(F.sum(_size()).alias("sent"))
+    runs = message_runs(spans).select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
+    processed_totals = runs.groupBy("subscriber", "topic", "publisher").agg(F.sum("messages").alias("processed"))
+    processed = _merged(runs.drop("messages"), ["subscriber", "topic", "publisher"])
+    distinct = processed.groupBy("subscriber", "topic", "publisher").agg(F.sum(_size()).alias("distinct"))
+    s, p = sent.alias("s"), processed.alias("p")
+    overlap = (F.col("s.seq_first") <= F.col("p.seq_last")) & (F.col("p.seq_first") <= F.col("s.seq_last"))
+    both = (
+        p.join(s, (F.col("s.publisher") == F.col("p.publisher")) & (F.col("s.topic") == F.col("p.topic")) & overlap)
+        .select(
+            "p.subscriber",
+            "p.topic",
+            "p.publisher",
+            (F.least("s.seq_last", "p.seq_last") - F.greatest("s.seq_first", "p.seq_first") + 1).alias("n"),
+        )
+        .groupBy("subscriber", "topic", "publisher")
+        .agg(F.sum("n").alias("delivered"))
+    )
+    audited = runs.select("subscriber", "topic").distinct()
+    keys = ["subscriber", "topic", "publisher"]
+    expected = audited.join(sent_sizes, "topic")  # every publisher of an audited topic
+    per_publisher = (
+        expected.join(processed_totals, keys, "full_outer")
+        .join(distinct, keys, "left")
+        .join(both, keys, "left")
+        .fillna(0, ["sent", "processed", "distinct", "delivered"])
+    )
+    return (
+        per_publisher.groupBy("subscriber", "topic")
+        .agg(
+            F.countDistinct("publisher").alias("publishers"),
+            F.sum("sent").alias("sent"),
+            F.sum("processed").alias("processed"),
+            F.sum(F.col("sent") - F.col("delivered")).alias("lost"),
+            F.sum(F.col("processed") - F.col("distinct")).alias("duplicates"),
+            F.sum(F.col("distinct") - F.col("delivered")).alias("unsent"),
+        )
+        .orderBy("subscriber", "topic")
+    )
+
+
+def dependency_graph(spans: DataFrame) -> DataFrame:
+    """Edges parent service → child service (where they differ), from each span's parent.
+
+    Columns: parent_service, child_service, calls, errors (child status ERROR),
+    p50_ms, p95_ms, p99_ms, max_ms of the child spans' durations.
+    """
+    children = spans.where(F.col("parent_span_id").isNotNull()).select(
+        "trace_id",
+        "parent_span_id",
+        F.col("service_name").alias("child_service"),
+        F.col("status_code"),
+        ((F.col("end_ns") - F.col("start_ns")) / _NS_PER_MS).alias("duration_ms"),
+    )
+    parents = spans.select(
+        "trace_id", F.col("span_id").alias("parent_span_id"), F.col("service_name").alias("parent_service")
+    )
+    edges = children.join(parents, ["trace_id", "parent_span_id"]).where(
+        F.col("parent_service") != F.col("child_service")  # null on either side: no edge
+    )
+    grouped = edges.groupBy("parent_service", "child_service").agg(
+        F.count(F.lit(1)).alias("calls"),
+        F.count(F.when(F.col("status_code") == "ERROR", 1)).alias("errors"),
+        *_percentile_columns(F.col("duration_ms"), "ms"),
+        F.max("duration_ms").alias("max_ms"),
+    )
+    return (
+        _expand_percentiles(grouped, "ms")
+        .select("parent_service", "child_service", "calls", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")
+        .orderBy("parent_service", "child_service")
+    )
+
+
+def switchover_steps(spans: DataFrame) -> DataFrame:
+    """One row per ``switchover`` span and ``switchover.{step}`` child (seed 000's Fig. 8).
+
+    Columns: trace_id, span_id (of the switchover), switchover_id, subscriber, topic,
+    from_broker, to_broker, reason, status_code, start_ns, total_ms, step,
+    step_offset_ms (from the switchover's start), step_ms. A switchover without step
+    spans has one row with step null.
+    """
+    switchovers = spans.where(F.col("name") == "switchover").select(
+        "trace_id",
+        "span_id",
+        _attr("sokutatsu.switchover.id").alias("switchover_id"),
+        _attr("sokutatsu.subscriber_id").alias("subscriber"),
+        _attr("sokutatsu.topic").alias("topic"),
+        _attr("sokutatsu.from_broker").alias("from_broker"),
+        _attr("sokutatsu.to_broker").alias("to_broker"),
+        _attr("sokutatsu.reason").alias("reason"),
+        "status_code",
+        "start_ns",
+        ((F.col("end_ns") - F.col("start_ns")) / _NS_PER_MS).alias("total_ms"),
+    )
+    steps = spans.where(F.col("name").startswith("switchover.")).select(
+        "trace_id",
+        F.col("parent_span_id").alias("span_id"),
+        F.substring_index(F.col("name"), ".", -1).alias("step"),
+        F.col("start_ns").alias("step_start_ns"),
+        ((F.col("end_ns") - F.col("start_ns")) / _NS_PER_MS).alias("step_ms"),
+    )
+    joined = switchovers.join(steps, ["trace_id", "span_id"], "left")
+    return joined.select(
+        *switchovers.columns,
+        "step",
+        ((F.col("step_start_ns") - F.col("start_ns")) / _NS_PER_MS).alias("step_offset_ms"),
+        "step_ms",
+    ).orderBy("start_ns", "span_id", "step_offset_ms")

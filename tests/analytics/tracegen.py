@@ -1,0 +1,285 @@
+"""Random trace sets that follow docs/tracing.md, written as real OTLP/JSON-lines files.
+
+A :class:`TraceSet` is plain Python records; :func:`write_otlp` turns them into
+OpenTelemetry SDK spans and writes them with ``sokutatsu.core.telemetry.spans_to_otlp_json``,
+the exporter the services use, several spans per line and one file per service.
+The generator also remembers what it lost and duplicated on purpose, so the audit
+can be checked against the truth as well as against the reference calculation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from sokutatsu.core.telemetry import spans_to_otlp_json
+
+T0 = 1_700_000_000 * 1_000_000_000  # ns
+MS = 1_000_000
+
+Attrs = dict[str, str | int | float | bool]
+
+
+@dataclass
+class LinkRec:
+    trace_id: int
+    span_id: int
+    attributes: Attrs
+
+
+@dataclass
+class SpanRec:
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    name: str
+    kind: SpanKind
+    start_ns: int
+    end_ns: int
+    service: str
+    attributes: Attrs = field(default_factory=dict)
+    links: list[LinkRec] = field(default_factory=list)
+    error: bool = False
+
+
+@dataclass
+class TraceSet:
+    spans: list[SpanRec] = field(default_factory=list)
+    # (subscriber, topic) -> messages lost / delivered more than once, on purpose
+    lost: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    duplicated: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    # sends left out of the traces (as if sampled out): their messages are "unsent" for the audit
+    missing_sends: int = 0
+
+
+class _Ids:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def trace(self) -> int:
+        return self.rng.getrandbits(128) | 1
+
+    def span(self) -> int:
+        return self.rng.getrandbits(64) | 1
+
+
+@dataclass
+class _Message:
+    publisher: str
+    seq: int
+    send: SpanRec
+
+
+def generate(seed: int, *, publishers: int = 3, subscribers: int = 3, topics: int = 2, batches: int = 12) -> TraceSet:
+    """A random trace set: publishing and delivery, service calls, switchovers."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
+    ids = _Ids(rng)
+    out = TraceSet()
+    topic_names = [f"topic.{i}" for i in range(topics)]
+    # -- send spans: per publisher and topic, batches with dense sequence numbers from 1
+    by_topic: dict[str, list[_Message]] = defaultdict(list)
+    for p in range(publishers):
+        publisher = f"pub-{p}"
+        for topic in rng.sample(topic_names, rng.randint(1, topics)):
+            seq, t = 1, T0 + rng.randint(0, 200) * MS
+            for _ in range(rng.randint(1, batches)):
+                size = rng.randint(1, 20)
+                t += rng.randint(1, 400) * MS
+                send = SpanRec(
+                    ids.trace(), ids.span(), None, f"send {topic}", SpanKind.PRODUCER,
+                    t, t + rng.randint(10, 900) * 1000,
+                    f"app-{publisher}",
+                    {
+                        "messaging.system": "sokutatsu", "messaging.operation.type": "send",
+                        "messaging.operation.name": "send", "messaging.destination.name": topic,
+                        "messaging.batch.message_count": size, "messaging.client.id": publisher,
+                        "sokutatsu.seq.first": seq, "sokutatsu.seq.last": seq + size - 1,
+                        "messaging.message.body.size": size * 1024,
+                    },
+                )  # fmt: skip
+                if rng.random() < 0.05:
+                    out.missing_sends += 1
+                else:
+                    out.spans.append(send)
+                by_topic[topic].extend(_Message(publisher, s, send) for s in range(seq, seq + size))
+                seq += size
+    # -- process spans: each subscriber takes some topics, loses and repeats a few runs on purpose
+    for s in range(subscribers):
+        subscriber = f"sub-{s}"
+        for topic in rng.sample(topic_names, rng.randint(1, topics)):
+            messages = sorted(by_topic[topic], key=lambda m: (m.send.start_ns, m.publisher, m.seq))
+            delivered: list[_Message] = []
+            i = 0
+            while i < len(messages):
+                run = messages[i : i + rng.randint(1, 6)]
+                i += len(run)
+                roll = rng.random()
+                if roll < 0.04:
+                    out.lost[subscriber, topic] += len(run)
+                    continue
+                delivered.extend(run)
+                if roll > 0.96:
+                    delivered.extend(run)
+                    out.duplicated[subscriber, topic] += len(run)
+            _process_spans(rng, ids, out, subscriber=subscriber, topic=topic, delivered=delivered)
+    _service_calls(rng, ids, out)
+    _switchovers(rng, ids, out)
+    return out
+
+
+def _process_spans(
+    rng: random.Random, ids: _Ids, out: TraceSet, *, subscriber: str, topic: str, delivered: list[_Message]
+) -> None:
+    i = 0
+    clock = 0
+    while i < len(delivered):
+        batch = delivered[i : i + rng.randint(1, 25)]
+        i += len(batch)
+        ready = max(m.send.start_ns for m in batch)
+        latency = rng.choice([rng.randint(100, 5000), rng.randint(1000, 80_000)]) * 1000
+        start = max(clock, ready + latency)
+        clock = start + rng.randint(1, 50) * 1000
+        links: list[LinkRec] = []
+        for m in batch:  # one link per run of consecutive messages from the same send span
+            last = links[-1] if links else None
+            if (
+                last is not None
+                and last.span_id == m.send.span_id
+                and last.attributes["sokutatsu.seq.last"] == m.seq - 1
+            ):
+                last.attributes["sokutatsu.seq.last"] = m.seq
+                continue
+            links.append(
+                LinkRec(
+                    m.send.trace_id,
+                    m.send.span_id,
+                    {"sokutatsu.seq.first": m.seq, "sokutatsu.seq.last": m.seq, "messaging.client.id": m.publisher},
+                )
+            )
+        out.spans.append(
+            SpanRec(
+                ids.trace(), ids.span(), None, f"process {topic}", SpanKind.CONSUMER, start,
+                start + rng.randint(5, 2000) * 1000, f"app-{subscriber}",
+                {
+                    "messaging.system": "sokutatsu", "messaging.operation.type": "process",
+                    "messaging.operation.name": "process", "messaging.destination.name": topic,
+                    "messaging.batch.message_count": len(batch), "messaging.consumer.group.name": subscriber,
+                },
+                links,
+            )
+        )  # fmt: skip
+
+
+SERVICES = ("sokutatsu-monitor", "sokutatsu-broker", "sokutatsu-sequencer", "sokutatsu-queue-db")
+
+
+def _service_calls(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
+    """Random call trees: a server span, in-process children, client calls to other services."""
+
+    def serve(trace_id: int, parent: int | None, service: str, start: int, depth: int) -> int:
+        span_id = ids.span()
+        end = start + rng.randint(50, 20_000) * 1000
+        out.spans.append(
+            SpanRec(
+                trace_id, span_id, parent, f"svc.v1.Api/Call{depth}", SpanKind.SERVER, start, end, service,
+                {"rpc.system": "grpc", "rpc.service": "svc.v1.Api", "rpc.method": f"Call{depth}"},
+                error=rng.random() < 0.15,
+            )
+        )  # fmt: skip
+        for _ in range(rng.randint(0, 3) if depth < 3 else 0):
+            child_start = rng.randint(start, end)
+            if rng.random() < 0.3:  # same service: no edge
+                out.spans.append(
+                    SpanRec(trace_id, ids.span(), span_id, "work", SpanKind.INTERNAL, child_start, end, service)
+                )
+            else:
+                serve(trace_id, span_id, rng.choice(SERVICES), child_start, depth + 1)
+        return span_id
+
+    for _ in range(40):
+        serve(ids.trace(), None, rng.choice(SERVICES), T0 + rng.randint(0, 5000) * MS, 0)
+
+
+STEPS = ("position", "accept", "redirect", "release")
+
+
+def _switchovers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
+    for k in range(rng.randint(3, 8)):
+        trace_id, span_id = ids.trace(), ids.span()
+        start = T0 + rng.randint(0, 5000) * MS
+        t = start + rng.randint(10, 500) * 1000
+        steps = STEPS if rng.random() > 0.1 else STEPS[: rng.randint(0, 3)]
+        for step in steps:
+            duration = rng.randint(100, 4000) * 1000
+            out.spans.append(
+                SpanRec(trace_id, ids.span(), span_id, f"switchover.{step}", SpanKind.INTERNAL, t, t + duration,
+                        "sokutatsu-monitor")
+            )  # fmt: skip
+            t += duration + rng.randint(1, 300) * 1000
+        out.spans.append(
+            SpanRec(
+                trace_id, span_id, None, "switchover", SpanKind.INTERNAL, start, t + rng.randint(10, 500) * 1000,
+                "sokutatsu-monitor",
+                {
+                    "sokutatsu.switchover.id": k + 1, "sokutatsu.subscriber_id": f"sub-{k % 3}",
+                    "sokutatsu.topic": "topic.0", "sokutatsu.from_broker": "a", "sokutatsu.to_broker": "b",
+                    "sokutatsu.reason": "SLOW", "sokutatsu.depth": rng.randint(100, 9000),
+                    "sokutatsu.threshold": 5000.5, "sokutatsu.switchover.moved": True,
+                },
+                error=len(steps) < len(STEPS),
+            )
+        )  # fmt: skip
+
+
+def _readable(rec: SpanRec) -> ReadableSpan:
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    return ReadableSpan(
+        name=rec.name,
+        context=SpanContext(rec.trace_id, rec.span_id, is_remote=False, trace_flags=flags),
+        parent=(
+            SpanContext(rec.trace_id, rec.parent_span_id, is_remote=False, trace_flags=flags)
+            if rec.parent_span_id is not None
+            else None
+        ),
+        resource=Resource.create({"service.name": rec.service, "service.instance.id": "i0"}),
+        attributes=rec.attributes,
+        links=[
+            Link(SpanContext(link.trace_id, link.span_id, is_remote=True, trace_flags=flags), link.attributes)
+            for link in rec.links
+        ],
+        kind=rec.kind,
+        status=Status(StatusCode.ERROR, "failed") if rec.error else Status(StatusCode.UNSET),
+        start_time=rec.start_ns,
+        end_time=rec.end_ns,
+        instrumentation_scope=InstrumentationScope("tests.analytics"),
+    )
+
+
+def write_otlp(trace_set: TraceSet, directory: Path, seed: int = 0) -> list[Path]:
+    """One ``.jsonl`` file per service, a random number of spans per line (as a batch exporter writes)."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not secrets
+    directory.mkdir(parents=True, exist_ok=True)
+    by_service: dict[str, list[SpanRec]] = defaultdict(list)
+    for rec in trace_set.spans:
+        by_service[rec.service].append(rec)
+    paths = []
+    for service, recs in sorted(by_service.items()):
+        shuffled = recs[:]
+        rng.shuffle(shuffled)
+        lines = []
+        while shuffled:
+            n = rng.randint(1, 40)
+            chunk, shuffled = shuffled[:n], shuffled[n:]
+            lines.append(spans_to_otlp_json([_readable(r) for r in chunk]))
+        path = directory / f"{service}-i0-1.jsonl"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        paths.append(path)
+    return paths
