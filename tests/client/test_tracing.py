@@ -159,6 +159,11 @@ async def test_send_and_process_spans_cover_every_message_and_link_to_their_crea
             first, last_seq = link_attributes["sokutatsu.seq.first"], link_attributes["sokutatsu.seq.last"]
             assert send_attributes["sokutatsu.seq.first"] <= first <= last_seq <= send_attributes["sokutatsu.seq.last"]
             assert link_attributes["messaging.client.id"] == "feed"
+            # The run's first message: published before it arrived; the run's worst latency at least its.
+            published = link_attributes["sokutatsu.publish_time_unix_nano"]
+            received = link_attributes["sokutatsu.receive_time_unix_nano"]
+            assert 0 < published <= received
+            assert link_attributes["sokutatsu.latency_max_ns"] >= received - published
             links_of[subscriber].extend(range(first, last_seq + 1))
     assert sorted(links_of["all"]) == ticks
     # The filtered subscriber's runs span the odd numbers its filter left out, never another send span's.

@@ -398,8 +398,6 @@ class Publisher:
                 continue
             lingered = False
             spans = self._spans
-            if spans is not None:
-                spans.seal()
             topic = pending[index].topic
             elements: list[bytes] = []
             size = 0

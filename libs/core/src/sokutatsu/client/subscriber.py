@@ -173,6 +173,8 @@ class Subscriber:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._spans is not None:
+            self._spans.flush()
         self._arrived.set()
 
     async def _final_ack(self, call: _SubscribeCall) -> None:
