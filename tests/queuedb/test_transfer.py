@@ -7,10 +7,12 @@ the end the receiver holds every committed message exactly once, in enqueue orde
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -65,6 +67,24 @@ def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str
     yield node1, node2, receiver, daemon
     daemon.stop()
     receiver.stop()
+
+
+def _spans(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, attributes) of every span in the OTLP/JSON-lines files under ``folder``."""
+    found = []
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for resource in json.loads(line)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    for span in scope["spans"]:
+                        attributes = {a["key"]: _value(a["value"]) for a in span.get("attributes", [])}
+                        found.append((span["name"], attributes))
+    return found
+
+
+def _value(value: dict[str, Any]) -> Any:
+    kind, raw = next(iter(value.items()))
+    return int(raw) if kind == "intValue" else raw
 
 
 def _received(dsn: str) -> list[bytes]:
@@ -144,6 +164,8 @@ async def test_transfer_moves_every_committed_message_once_in_order(
 ) -> None:
     node1, node2, receiver, daemon = two_nodes
     daemon.env["SOKUTATSU_TRANSFER_MODE"] = mode
+    traces = daemon.folder / "traces"
+    daemon.env["SOKUTATSU_TRACE_DIR"] = str(traces)
     receiver.start()
     daemon.start()
     committed = await _enqueue_all(node1, 600, random.Random(1))  # noqa: S311 - reproducible test data
@@ -152,6 +174,20 @@ async def test_transfer_moves_every_committed_message_once_in_order(
     assert _received(node2) == committed
     assert _recovery_row(node2) == (len(committed) if mode == "1pc" else 0)
     assert _prepared(node1) == _prepared(node2) == []
+
+    # Its traces (docs/tracing.md): a recovery at the start, then one span per batch covering every message once.
+    daemon.stop()  # flushes its spans
+    spans = _spans(traces)
+    recoveries = [a for name, a in spans if name == "transfer.recover"]
+    assert recoveries
+    assert all(a["sokutatsu.transfer.mode"] == mode for a in recoveries)
+    batches = [a for name, a in spans if name == "transfer node2"]
+    assert sum(a["messaging.batch.message_count"] for a in batches) == len(committed)
+    if mode == "1pc":
+        ids = sorted(
+            i for a in batches for i in range(a["sokutatsu.transfer.first_id"], a["sokutatsu.transfer.last_id"] + 1)
+        )
+        assert ids == list(range(1, len(committed) + 1))
 
 
 @pytest.mark.parametrize("mode", ["1pc", "2pc"])

@@ -44,6 +44,7 @@ from typing import Any, ClassVar, NoReturn
 import grpc
 import psycopg
 from grpc import aio
+from opentelemetry import trace
 from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
@@ -57,6 +58,7 @@ from sokutatsu.queuedb.settings import parse_crash_at
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 log = logging.getLogger("sokutatsu.queuedb.transfer")
+_tracer = trace.get_tracer("sokutatsu.queuedb.transfer")
 
 RPC_TIMEOUT = 30.0
 # The sender's own prepared transaction is named after the batch's gid plus this: prepared
@@ -227,7 +229,39 @@ class PeerLink:
         """Up to ``PIPELINE`` batches in flight on one stream; each answer marks its batches sent."""
         call = stub.DeliverStream()
         in_flight: deque[int] = deque()  # the last transfer id of each batch sent, in order
+        spans: deque[trace.Span] = deque()  # each batch's span, in the same order
+        try:
+            await self._stream(conn, stub, call, in_flight, spans)
+        finally:
+            for span in spans:  # sent, never confirmed in this session: the next one resends them
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "unconfirmed: the session ended"))
+                span.end()
+
+    def _batch_span(self, batch: queuedb_pb2.TransferBatch, resent: bool) -> trace.Span:
+        return _tracer.start_span(
+            f"transfer {self.peer.node}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "sokutatsu.transfer.from_node": self.settings.node,
+                "sokutatsu.transfer.to_node": self.peer.node,
+                "sokutatsu.transfer.mode": self.settings.mode,
+                "sokutatsu.transfer.first_id": batch.messages[0].transfer_id,
+                "sokutatsu.transfer.last_id": batch.messages[-1].transfer_id,
+                "sokutatsu.transfer.resent": resent,
+                "messaging.batch.message_count": len(batch.messages),
+            },
+        )
+
+    async def _stream(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        stub: queuedb_pb2_grpc.TransferAsyncStub,
+        call: Any,
+        in_flight: deque[int],
+        spans: deque[trace.Span],
+    ) -> None:
         for batch in await self._sending(conn):  # what the last session left unconfirmed (seed case 2-1)
+            spans.append(self._batch_span(batch, resent=True))
             await _write(call, batch)
             in_flight.append(batch.messages[-1].transfer_id)
         while True:
@@ -235,6 +269,7 @@ class PeerLink:
                 batch = await self._assign(conn)
                 if not batch.messages:
                     break
+                spans.append(self._batch_span(batch, resent=False))
                 await _write(call, batch)
                 in_flight.append(batch.messages[-1].transfer_id)
             if not in_flight:
@@ -259,6 +294,9 @@ class PeerLink:
                 self._unflushed_since = time.monotonic()
             while in_flight and in_flight[0] <= ack.last_received_id:
                 in_flight.popleft()
+                span = spans.popleft()
+                span.set_attribute("sokutatsu.transfer.duplicates", ack.duplicates)
+                span.end()
             self.crash.reach("sender:marked")
             if self._unflushed_since is not None and time.monotonic() - self._unflushed_since > self._poll:
                 # Only sender-durable batches for a while: have the receiver flush, so the outbox stays short.
@@ -279,6 +317,23 @@ class PeerLink:
         self._unflushed_since = None
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
+        with _tracer.start_as_current_span(
+            "transfer.recover",
+            attributes={
+                "sokutatsu.transfer.from_node": self.settings.node,
+                "sokutatsu.transfer.to_node": self.peer.node,
+                "sokutatsu.transfer.mode": "1pc",
+            },
+        ) as span:
+            received, done, last_sent = await self._recover_1pc(conn, stub)
+            span.set_attribute("sokutatsu.transfer.receiver_last_id", received)
+            span.set_attribute("sokutatsu.transfer.marked_sent", done)
+            span.set_attribute("sokutatsu.transfer.last_assigned_id", last_sent)
+
+    async def _recover_1pc(
+        self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub
+    ) -> tuple[int, int, int]:
+        """Seed 004 §3.3.4; (the receiver's last id, messages marked sent, the last id assigned here)."""
         state = await stub.GetRecoveryState(
             queuedb_pb2.GetRecoveryStateRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
@@ -307,6 +362,7 @@ class PeerLink:
             received,
             done,
         )
+        return received, done, last_sent
 
     async def _cursor(self, conn: psycopg.AsyncConnection[Any]) -> int:
         await conn.execute(
@@ -400,26 +456,47 @@ class PeerLink:
                 await self._wait_for_work(conn)
                 continue
             gid, batch = prepared
-            self.crash.reach("sender:prepared")
-            await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=RPC_TIMEOUT)
-            self.crash.reach("sender:both-prepared")
-            await conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid + LOCAL_SUFFIX)))
-            self.crash.reach("sender:committed")
-            finished = await stub.FinishPrepared(
-                queuedb_pb2.FinishPreparedRequest(gid=gid, commit=True), timeout=RPC_TIMEOUT
+            with _tracer.start_as_current_span(
+                f"transfer {self.peer.node}",
+                kind=trace.SpanKind.PRODUCER,
+                attributes={
+                    "sokutatsu.transfer.from_node": self.settings.node,
+                    "sokutatsu.transfer.to_node": self.peer.node,
+                    "sokutatsu.transfer.mode": "2pc",
+                    "sokutatsu.transfer.gid": gid,
+                    "messaging.batch.message_count": len(batch.messages),
+                },
+            ):
+                await self._commit_both(conn, stub, gid, batch)
+
+    async def _commit_both(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        stub: queuedb_pb2_grpc.TransferAsyncStub,
+        gid: str,
+        batch: queuedb_pb2.TransferBatch,
+    ) -> None:
+        """One batch prepared here: prepare there, commit here (the decision), commit there."""
+        self.crash.reach("sender:prepared")
+        await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=RPC_TIMEOUT)
+        self.crash.reach("sender:both-prepared")
+        await conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid + LOCAL_SUFFIX)))
+        self.crash.reach("sender:committed")
+        finished = await stub.FinishPrepared(
+            queuedb_pb2.FinishPreparedRequest(gid=gid, commit=True), timeout=RPC_TIMEOUT
+        )
+        if not finished.found:
+            # Prepared there a moment ago and committed here: only a hand-made ROLLBACK PREPARED gets here.
+            log.error(
+                "2pc transfer to %s: batch %s was prepared there but is gone; its messages are lost",
+                self.peer.node,
+                gid,
             )
-            if not finished.found:
-                # Prepared there a moment ago and committed here: only a hand-made ROLLBACK PREPARED gets here.
-                log.error(
-                    "2pc transfer to %s: batch %s was prepared there but is gone; its messages are lost",
-                    self.peer.node,
-                    gid,
-                )
-            self.crash.reach("sender:finished")
-            async with conn.transaction():
-                # Not durable: a decision row left behind after a crash is only removed by the next recovery.
-                await conn.execute("SET LOCAL synchronous_commit = off")
-                await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
+        self.crash.reach("sender:finished")
+        async with conn.transaction():
+            # Not durable: a decision row left behind after a crash is only removed by the next recovery.
+            await conn.execute("SET LOCAL synchronous_commit = off")
+            await conn.execute("DELETE FROM sokutatsu.twopc_decisions WHERE gid = %s", (gid,))
 
     async def _prepare_local(self, conn: psycopg.AsyncConnection[Any]) -> tuple[str, queuedb_pb2.TransferBatch] | None:
         await conn.execute("BEGIN")
@@ -444,7 +521,23 @@ class PeerLink:
         return gid, _batch(self.settings.node, [(*r[:7], r[0], r[8]) for r in rows])
 
     async def _recover_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
-        """Presumed abort: a batch is committed where its decision row is committed, else rolled back."""
+        with _tracer.start_as_current_span(
+            "transfer.recover",
+            attributes={
+                "sokutatsu.transfer.from_node": self.settings.node,
+                "sokutatsu.transfer.to_node": self.peer.node,
+                "sokutatsu.transfer.mode": "2pc",
+            },
+        ) as span:
+            aborted, finished = await self._recover_prepared(conn, stub)
+            span.set_attribute("sokutatsu.transfer.aborted", aborted)
+            span.set_attribute("sokutatsu.transfer.finished", finished)
+
+    async def _recover_prepared(
+        self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub
+    ) -> tuple[int, int]:
+        """Presumed abort: a batch is committed where its decision row is committed, else rolled back;
+        (batches aborted here, batches finished there)."""
         listed = await stub.ListPrepared(
             queuedb_pb2.ListPreparedRequest(sender_node=self.settings.node), timeout=RPC_TIMEOUT
         )
@@ -476,6 +569,7 @@ class PeerLink:
             len(local),
             len(remote),
         )
+        return len(local), len(remote)
 
 
 def _batch(sender: str, rows: Sequence[tuple[Any, ...]]) -> queuedb_pb2.TransferBatch:
