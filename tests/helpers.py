@@ -109,3 +109,21 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def trace_spans(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, attributes) of every span in the OTLP/JSON-lines files under ``folder``."""
+    found = []
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for resource in json.loads(line)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    for span in scope["spans"]:
+                        attributes = {a["key"]: _attribute_value(a["value"]) for a in span.get("attributes", [])}
+                        found.append((span["name"], attributes))
+    return found
+
+
+def _attribute_value(value: dict[str, Any]) -> Any:
+    kind, raw = next(iter(value.items()))
+    return int(raw) if kind == "intValue" else raw

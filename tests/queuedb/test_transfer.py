@@ -7,12 +7,10 @@ the end the receiver holds every committed message exactly once, in enqueue orde
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import psycopg
@@ -23,6 +21,7 @@ from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from tests.helpers import trace_spans
 from tests.queuedb.fix_queuedb import Node, NodeDatabase
 
 pytestmark = pytest.mark.timeout(600)
@@ -67,24 +66,6 @@ def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str
     yield node1, node2, receiver, daemon
     daemon.stop()
     receiver.stop()
-
-
-def _spans(folder: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(name, attributes) of every span in the OTLP/JSON-lines files under ``folder``."""
-    found = []
-    for path in folder.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            for resource in json.loads(line)["resourceSpans"]:
-                for scope in resource["scopeSpans"]:
-                    for span in scope["spans"]:
-                        attributes = {a["key"]: _value(a["value"]) for a in span.get("attributes", [])}
-                        found.append((span["name"], attributes))
-    return found
-
-
-def _value(value: dict[str, Any]) -> Any:
-    kind, raw = next(iter(value.items()))
-    return int(raw) if kind == "intValue" else raw
 
 
 def _received(dsn: str) -> list[bytes]:
@@ -177,7 +158,7 @@ async def test_transfer_moves_every_committed_message_once_in_order(
 
     # Its traces (docs/tracing.md): a recovery at the start, then one span per batch covering every message once.
     daemon.stop()  # flushes its spans
-    spans = _spans(traces)
+    spans = trace_spans(traces)
     recoveries = [a for name, a in spans if name == "transfer.recover"]
     assert recoveries
     assert all(a["sokutatsu.transfer.mode"] == mode for a in recoveries)

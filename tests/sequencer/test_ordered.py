@@ -19,6 +19,7 @@ from sokutatsu.ordering import OrderingError
 from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 from tests.broker.fix_broker import Pair, until
+from tests.helpers import trace_spans
 from tests.sequencer.fix_sequencer import GroupFactory, SequencerProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -154,6 +155,8 @@ async def test_three_ordered_subscribers_agree_through_distribution_changes_and_
 ) -> None:
     pair = await pair_factory()
     group = sequencer_group(["a", "b", "c", "quiet"], pair.addresses, TOPIC, filler=filler)
+    for process in group.values():
+        process.env["SOKUTATSU_TRACE_DIR"] = str(process.folder / "traces")
     rng = random.Random(filler)  # noqa: S311 - reproducible test data
     async with ordered_group(pair, group) as readers:
         feeds = {
@@ -178,6 +181,24 @@ async def test_three_ordered_subscribers_agree_through_distribution_changes_and_
     else:
         assert quiet.dummy_slots > 0
         assert merge.counters.dummies > 0
+
+    # The traces (docs/tracing.md): each domain's installs, and the quiet domain's fillers, all of them.
+    for process in group.values():
+        process.stop()  # flushes its spans
+    installs = {
+        d: [a for n, a in trace_spans(p.folder / "traces") if n == "sequencer.install_distribution"]
+        for d, p in group.items()
+    }
+    for domain, spans in installs.items():
+        ids = [a["sokutatsu.distribution.id"] for a in spans]
+        assert len(ids) >= 3, domain
+        assert ids == sorted(set(ids)), f"{domain}: installs out of order or twice"
+        assert all(a["sokutatsu.domain"] == domain for a in spans)
+    fills = [a for n, a in trace_spans(group["quiet"].folder / "traces") if n == "sequencer.fill"]
+    assert {a["sokutatsu.fill.kind"] for a in fills} == {"skip" if filler == "markers" else "dummy"}
+    slots = sum(a["sokutatsu.fill.slots"] for a in fills)
+    # At least what its status counted a moment before it stopped (it may have filled since).
+    assert slots >= (quiet.skip_slots if filler == "markers" else quiet.dummy_slots) > 0
 
 
 async def test_when_every_domain_goes_quiet_receivers_get_the_tail_without_a_new_distribution(

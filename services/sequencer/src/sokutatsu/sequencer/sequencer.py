@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc import aio
+from opentelemetry import trace
 
 from sokutatsu.client import Publisher
 from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
@@ -43,6 +45,7 @@ from sokutatsu.sequencer.settings import SequencerSettings
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 
 log = logging.getLogger("sokutatsu.sequencer")
+_tracer = trace.get_tracer("sokutatsu.sequencer")
 
 RPC_TIMEOUT = 2.0
 # Routing keys of the messages sequencers publish themselves (ordered subscribers take every key).
@@ -180,7 +183,19 @@ class Sequencer:
 
     # --------------------------------------------------------- distributions --
     def _set_distribution(self, message: sequencer_pb2.Distribution) -> None:
-        self.distribution = to_distribution(message)
+        distribution = to_distribution(message)
+        # A point in time (the install), traced for the analysis of distribution changes per domain.
+        _tracer.start_span(
+            "sequencer.install_distribution",
+            attributes={
+                "sokutatsu.domain": self.domain,
+                "sokutatsu.distribution.id": message.id,
+                "sokutatsu.distribution.previous_id": self.distribution.id if self.distribution else 0,
+                "sokutatsu.distribution.weights": json.dumps(dict(distribution.weights), sort_keys=True),
+                "sokutatsu.seq.last": self.last_seq,
+            },
+        ).end()
+        self.distribution = distribution
         self.distribution_message = message
         before = self._window
         self._window = _ShareWindow(
@@ -383,17 +398,28 @@ class Sequencer:
             return
         handed = self.stamp(slots, f"sequencer-{self.domain}", "")
         first, distribution_id = handed.first_seq, handed.distribution_id
-        if self.settings.filler != "dummies":
-            self.skip_markers += 1
-            self.skip_slots += slots
-            stamps = [self._filler_stamp(distribution_id, handed.epoch, first, stamp_pb2.STAMP_KIND_SKIP, slots)]
-        else:
-            self.dummy_slots += slots
-            stamps = [
-                self._filler_stamp(distribution_id, handed.epoch, seq, stamp_pb2.STAMP_KIND_DUMMY, 1)
-                for seq in range(first, first + slots)
-            ]
-        await self._publish_fillers(stamps)
+        kind = "dummy" if self.settings.filler == "dummies" else "skip"
+        with _tracer.start_as_current_span(
+            "sequencer.fill",
+            attributes={
+                "sokutatsu.domain": self.domain,
+                "sokutatsu.distribution.id": distribution_id,
+                "sokutatsu.fill.kind": kind,
+                "sokutatsu.fill.slots": slots,
+                "sokutatsu.seq.first": first,
+            },
+        ):
+            if kind == "skip":
+                self.skip_markers += 1
+                self.skip_slots += slots
+                stamps = [self._filler_stamp(distribution_id, handed.epoch, first, stamp_pb2.STAMP_KIND_SKIP, slots)]
+            else:
+                self.dummy_slots += slots
+                stamps = [
+                    self._filler_stamp(distribution_id, handed.epoch, seq, stamp_pb2.STAMP_KIND_DUMMY, 1)
+                    for seq in range(first, first + slots)
+                ]
+            await self._publish_fillers(stamps)
         self.settle([first])
 
     def _filler_stamp(
