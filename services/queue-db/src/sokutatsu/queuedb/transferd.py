@@ -195,6 +195,15 @@ class PeerLink:
         self._acked = 0  # the receiver's last_received_id in its latest answer
 
     @property
+    def _link_attributes(self) -> dict[str, str]:
+        """Every transfer span's: which link, which protocol."""
+        return {
+            "sokutatsu.transfer.from_node": self.settings.node,
+            "sokutatsu.transfer.to_node": self.peer.node,
+            "sokutatsu.transfer.mode": self.settings.mode,
+        }
+
+    @property
     def _poll(self) -> float:
         return self.settings.poll_ms / 1000
 
@@ -242,9 +251,7 @@ class PeerLink:
             f"transfer {self.peer.node}",
             kind=trace.SpanKind.PRODUCER,
             attributes={
-                "sokutatsu.transfer.from_node": self.settings.node,
-                "sokutatsu.transfer.to_node": self.peer.node,
-                "sokutatsu.transfer.mode": self.settings.mode,
+                **self._link_attributes,
                 "sokutatsu.transfer.first_id": batch.messages[0].transfer_id,
                 "sokutatsu.transfer.last_id": batch.messages[-1].transfer_id,
                 "sokutatsu.transfer.resent": resent,
@@ -319,11 +326,7 @@ class PeerLink:
     async def _recover(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         with _tracer.start_as_current_span(
             "transfer.recover",
-            attributes={
-                "sokutatsu.transfer.from_node": self.settings.node,
-                "sokutatsu.transfer.to_node": self.peer.node,
-                "sokutatsu.transfer.mode": "1pc",
-            },
+            attributes=self._link_attributes,
         ) as span:
             received, done, last_sent = await self._recover_1pc(conn, stub)
             span.set_attribute("sokutatsu.transfer.receiver_last_id", received)
@@ -460,9 +463,7 @@ class PeerLink:
                 f"transfer {self.peer.node}",
                 kind=trace.SpanKind.PRODUCER,
                 attributes={
-                    "sokutatsu.transfer.from_node": self.settings.node,
-                    "sokutatsu.transfer.to_node": self.peer.node,
-                    "sokutatsu.transfer.mode": "2pc",
+                    **self._link_attributes,
                     "sokutatsu.transfer.gid": gid,
                     "messaging.batch.message_count": len(batch.messages),
                 },
@@ -523,11 +524,7 @@ class PeerLink:
     async def _recover_2pc(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
         with _tracer.start_as_current_span(
             "transfer.recover",
-            attributes={
-                "sokutatsu.transfer.from_node": self.settings.node,
-                "sokutatsu.transfer.to_node": self.peer.node,
-                "sokutatsu.transfer.mode": "2pc",
-            },
+            attributes=self._link_attributes,
         ) as span:
             aborted, finished = await self._recover_prepared(conn, stub)
             span.set_attribute("sokutatsu.transfer.aborted", aborted)
