@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli import client_commands, queuedb_command, simulate_command, status_command
+from sokutatsu.cli import analyze_command, client_commands, queuedb_command, simulate_command, status_command
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
@@ -215,6 +215,7 @@ def config(
 app.command()(client_commands.publish)
 app.command()(client_commands.subscribe)
 app.command()(status_command.status)
+app.command()(analyze_command.analyze)
 metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_args_is_help=True)
 metrics_app.command("broker")(client_commands.metrics_broker)
 app.add_typer(metrics_app, name="metrics")

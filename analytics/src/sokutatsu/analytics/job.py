@@ -1,0 +1,101 @@
+"""``sokutatsu analyze`` as a function: read the traces, run the transforms, write the report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from sokutatsu.analytics import transforms
+from sokutatsu.analytics.reader import read_spans
+from sokutatsu.analytics.report import Table, write_report
+
+__all__ = ["AnalysisResult", "analyze", "spark_session"]
+
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def spark_session(master: str = "local[*]", app_name: str = "sokutatsu-analyze") -> SparkSession:
+    """A session for the job: quiet driver log, no console progress bar, UTC, few shuffle partitions.
+
+    Result tables are small aggregates, so adaptive execution coalesces shuffles; the
+    initial partition count only bounds the parallelism of the joins.
+    """
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J.as_uri()}")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "16")
+        .config("spark.sql.adaptive.enabled", "true")
+        .getOrCreate()
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    report: Path
+    spans: int
+    lines: int
+    malformed_lines: int
+    incomplete_spans: int
+    rows: dict[str, int]  # table name -> rows written
+    seconds: float
+
+
+def analyze(
+    spark: SparkSession,
+    traces: str,
+    out: Path,
+    *,
+    window_seconds: float = 1.0,
+    progress: Callable[[str], None] = lambda _: None,
+) -> AnalysisResult:
+    """Analyse every span under ``traces`` into ``out``; raises ``NoSpansError`` when there is none."""
+    started = time.monotonic()
+    progress(f"reading spans from {traces}")
+    read = read_spans(spark, traces)
+    progress(
+        f"read {read.span_count} spans from {read.lines} lines"
+        f" ({read.malformed_lines} malformed lines and {read.incomplete_spans} incomplete spans skipped)"
+    )
+    try:
+        frames: list[tuple[str, str, DataFrame]] = [
+            ("delivery_latency", "delivery latency", transforms.delivery_latency(read.spans, window_seconds)),
+            ("loss_audit", "loss/duplicate audit", transforms.loss_audit(read.spans)),
+            ("dependency_graph", "service dependency graph", transforms.dependency_graph(read.spans)),
+            ("switchover_steps", "switchover steps", transforms.switchover_steps(read.spans)),
+        ]
+        tables = []
+        for name, title, frame in frames:
+            progress(f"computing {title}")
+            tables.append(Table(name=name, title=title, frame=frame, rows=frame.collect()))
+        progress(f"writing tables, plots and report.html to {out}")
+        report = write_report(
+            tables,
+            out,
+            window_seconds=window_seconds,
+            source=traces,
+            counts={
+                "spans": read.span_count,
+                "lines": read.lines,
+                "malformed_lines": read.malformed_lines,
+                "incomplete_spans": read.incomplete_spans,
+            },
+        )
+    finally:
+        read.spans.unpersist()
+    return AnalysisResult(
+        report=report,
+        spans=read.span_count,
+        lines=read.lines,
+        malformed_lines=read.malformed_lines,
+        incomplete_spans=read.incomplete_spans,
+        rows={t.name: len(t.rows) for t in tables},
+        seconds=time.monotonic() - started,
+    )

@@ -1,0 +1,112 @@
+"""PNG figures of the result tables (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib as mpl
+
+mpl.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from pyspark.sql import Row
+
+__all__ = ["audit_plot", "latency_plot", "switchover_plot"]
+
+_MAX_SERIES = 10  # lines per panel of the latency figure; the busiest subscribers are drawn
+_STEP_ORDER = ("position", "accept", "redirect", "release", "detect")
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def latency_plot(rows: list[Row], path: Path) -> None:
+    """p50, p95 and p99 delivery latency per window, one line per subscriber and topic."""
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, layout="constrained")
+    series: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        series[row["subscriber"], row["topic"]].append(row)
+    if not series:
+        for ax in axes:
+            _empty(ax, "no process span links to a send span in these traces")
+    else:
+        origin = min(row["window_start_ns"] for row in rows)
+        busiest = sorted(series, key=lambda key: -sum(r["messages"] for r in series[key]))[:_MAX_SERIES]
+        for ax, column in zip(axes, ("p50_ms", "p95_ms", "p99_ms"), strict=True):
+            for key in sorted(busiest):
+                points = sorted(series[key], key=lambda r: r["window_start_ns"])
+                ax.plot(
+                    [(r["window_start_ns"] - origin) / 1e9 for r in points],
+                    [r[column] for r in points],
+                    marker=".",
+                    label=f"{key[0]} · {key[1]}",
+                )
+            ax.set_ylabel(f"{column.removesuffix('_ms')} (ms)")
+            ax.grid(visible=True, alpha=0.3)
+        axes[-1].set_xlabel("window start (s from the first window)")
+        axes[0].legend(fontsize="small", ncols=2, loc="upper right")
+        shown = "" if len(series) <= _MAX_SERIES else f" (the {_MAX_SERIES} busiest of {len(series)})"
+        axes[0].set_title(f"Delivery latency per subscriber and topic{shown}")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def switchover_plot(rows: list[Row], path: Path) -> None:
+    """Stacked step durations per switchover, in start order (seed 000's Fig. 8)."""
+    fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
+    switchovers: dict[str, list[Row]] = {}
+    for row in sorted(rows, key=lambda r: (r["start_ns"], r["span_id"])):
+        switchovers.setdefault(row["span_id"], []).append(row)
+    if not switchovers:
+        _empty(ax, "no switchover spans in these traces")
+    else:
+        seen = {row["step"] for row in rows if row["step"] is not None}
+        steps = [s for s in _STEP_ORDER if s in seen] + sorted(seen - set(_STEP_ORDER))
+        positions = list(range(len(switchovers)))
+        bottoms = [0.0] * len(switchovers)
+        for step in steps:
+            heights = [sum(r["step_ms"] for r in group if r["step"] == step) for group in switchovers.values()]
+            ax.bar(positions, heights, bottom=bottoms, label=step)
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+        totals = [group[0]["total_ms"] for group in switchovers.values()]
+        ax.scatter(positions, totals, marker="_", s=200, color="black", label="whole switchover", zorder=3)
+        failed = [p for p, g in zip(positions, switchovers.values(), strict=True) if g[0]["status_code"] == "ERROR"]
+        if failed:
+            ax.scatter(failed, [totals[p] for p in failed], marker="x", color="red", label="failed", zorder=4)
+        labels = [str(g[0]["switchover_id"] or "?") for g in switchovers.values()]
+        if len(labels) <= 40:
+            ax.set_xticks(positions, labels)
+        ax.set_xlabel("switchover (id, in start order)")
+        ax.set_ylabel("ms")
+        ax.set_title("Switchover duration by step")
+        ax.legend(fontsize="small")
+        ax.grid(visible=True, axis="y", alpha=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def audit_plot(rows: list[Row], path: Path) -> None:
+    """Lost, duplicated and unsent messages per subscriber and topic."""
+    fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
+    if not rows:
+        _empty(ax, "no process spans with links in these traces")
+    else:
+        labels = [f"{r['subscriber']}\n{r['topic']}" for r in rows]
+        width = 0.27
+        for i, column in enumerate(("lost", "duplicates", "unsent")):
+            positions = [k + (i - 1) * width for k in range(len(rows))]
+            bars = ax.bar(positions, [r[column] for r in rows], width=width, label=column)
+            ax.bar_label(bars, fontsize="x-small")
+        ax.set_xticks(range(len(rows)), labels, fontsize="small")
+        ax.set_ylabel("messages")
+        sent = sum(r["sent"] for r in rows)
+        processed = sum(r["processed"] for r in rows)
+        ax.set_title(f"Loss/duplicate audit ({processed} messages processed against {sent} expected)")
+        ax.legend(fontsize="small")
+        ax.grid(visible=True, axis="y", alpha=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

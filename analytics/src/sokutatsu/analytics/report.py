@@ -1,0 +1,168 @@
+"""Writing the result tables (Parquet, CSV), their plots and ``report.html`` into a local folder.
+
+The tables are aggregates, small enough to collect: the driver writes them, so the
+folder is on the machine that runs ``sokutatsu analyze`` whatever the Spark master.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import html
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, Row
+from pyspark.sql.types import BooleanType, DataType, DoubleType, IntegerType, LongType, StructType
+
+from sokutatsu.analytics import plots
+
+__all__ = ["Table", "write_report"]
+
+_HTML_ROWS = 200  # rows of a table shown in report.html; the files have them all
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str  # file stem
+    title: str
+    frame: DataFrame  # for the schema
+    rows: list[Row]  # collected
+
+
+def _arrow_type(spark_type: DataType) -> pa.DataType:
+    if isinstance(spark_type, LongType):
+        return pa.int64()
+    if isinstance(spark_type, IntegerType):
+        return pa.int32()
+    if isinstance(spark_type, DoubleType):
+        return pa.float64()
+    if isinstance(spark_type, BooleanType):
+        return pa.bool_()
+    return pa.string()
+
+
+def _write_parquet(schema: StructType, rows: list[Row], path: Path) -> None:
+    arrow_schema = pa.schema([pa.field(f.name, _arrow_type(f.dataType)) for f in schema.fields])
+    columns = {f.name: [row[f.name] for row in rows] for f in schema.fields}
+    pq.write_table(pa.Table.from_pydict(columns, schema=arrow_schema), path)
+
+
+def _write_csv(columns: list[str], rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows([row[c] for c in columns] for row in rows)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return html.escape(str(value))
+
+
+def _html_table(table: Table) -> str:
+    columns = table.frame.columns
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{_cell(row[c])}</td>" for c in columns) + "</tr>" for row in table.rows[:_HTML_ROWS]
+    )
+    more = (
+        f"<p class='note'>First {_HTML_ROWS} of {len(table.rows)} rows; all in the files.</p>"
+        if len(table.rows) > _HTML_ROWS
+        else ""
+    )
+    files = f"<a href='{table.name}.csv'>{table.name}.csv</a> · <a href='{table.name}.parquet'>{table.name}.parquet</a>"
+    return (
+        f"<p class='files'>{len(table.rows)} rows: {files}</p>\n"
+        f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table></div>{more}"
+    )
+
+
+_EXPLANATIONS = {
+    "delivery_latency": (
+        "Per subscriber (messaging.consumer.group.name), topic and window of {window}s of the process spans' start:"
+        " each link of a <code>process</code> span contributes the process span's start minus the linked"
+        " <code>send</code> span's start once per message of its run (sokutatsu.seq.last - sokutatsu.seq.first + 1)."
+        " Exact percentiles. Both clocks are the machines' own: across machines, mind clock skew."
+        " Runs whose send span is not in the traces are left out."
+    ),
+    "loss_audit": (
+        "Per subscriber and topic it processed anything from: <b>sent</b> is every sequence number the topic's"
+        " publishers sent (the union of the send spans' ranges), <b>processed</b> the messages the subscriber's"
+        " links name (repeats counted); <b>lost</b> were sent and never processed, <b>duplicates</b> are"
+        " processings beyond the first, <b>unsent</b> were processed but no send span in the traces covers them"
+        " (a publisher's spans missing, or sampled out)."
+    ),
+    "dependency_graph": (
+        "Each span joined to its parent: an edge from the parent's service.name to the child's where they differ,"
+        " with the number of calls, the calls whose child span has status ERROR, and exact percentiles of the"
+        " child spans' durations."
+    ),
+    "switchover_steps": (
+        "Every <code>switchover</code> span of the monitor and its <code>switchover.{{step}}</code> children, as"
+        " in seed 000's Fig. 8: the bars stack the steps' durations, the black tick is the whole switchover"
+        " (the gap between them is the monitor's own work between steps); a red cross marks a failed one."
+    ),
+}
+_FIGURES = {
+    "delivery_latency": "latency.png",
+    "loss_audit": "audit.png",
+    "switchover_steps": "switchover_steps.png",
+}
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ddd; padding: 0.2em 0.5em; text-align: right; white-space: nowrap; }
+th { background: #f3f3f3; } .scroll { max-height: 28em; overflow: auto; }
+img { max-width: 100%; border: 1px solid #eee; } .note, .files { color: #555; font-size: 0.9em; }
+"""
+
+
+def _html(tables: list[Table], *, window_seconds: float, source: str, counts: Mapping[str, int]) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    summary = (
+        f"{counts['spans']} spans from {counts['lines']} lines of <code>{html.escape(source)}</code>;"
+        f" {counts['malformed_lines']} malformed lines and {counts['incomplete_spans']} incomplete spans skipped."
+    )
+    sections = []
+    for table in tables:
+        figure = _FIGURES.get(table.name)
+        image = f"<p><img src='{figure}' alt='{html.escape(table.title)}'></p>" if figure else ""
+        explanation = _EXPLANATIONS[table.name].format(window=f"{window_seconds:g}")
+        sections.append(
+            f"<h2 id='{table.name}'>{html.escape(table.title.capitalize())}</h2>\n"
+            f"<p>{explanation}</p>\n{image}\n{_html_table(table)}"
+        )
+    contents = " · ".join(f"<a href='#{t.name}'>{html.escape(t.title)}</a>" for t in tables)
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>Sokutatsu trace analysis</title><style>{_STYLE}</style></head><body>\n"
+        f"<h1>Sokutatsu trace analysis</h1>\n<p>{summary} Written {now} by <code>sokutatsu analyze</code>;"
+        " span conventions: docs/tracing.md.</p>\n"
+        f"<p>{contents}</p>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
+
+
+def write_report(
+    tables: list[Table], out: Path, *, window_seconds: float, source: str, counts: Mapping[str, int]
+) -> Path:
+    """Each table as ``<name>.parquet`` and ``<name>.csv``, the figures as PNG, and ``report.html``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for table in tables:
+        _write_parquet(table.frame.schema, table.rows, out / f"{table.name}.parquet")
+        _write_csv(table.frame.columns, table.rows, out / f"{table.name}.csv")
+    by_name = {t.name: t.rows for t in tables}
+    plots.latency_plot(by_name.get("delivery_latency", []), out / _FIGURES["delivery_latency"])
+    plots.audit_plot(by_name.get("loss_audit", []), out / _FIGURES["loss_audit"])
+    plots.switchover_plot(by_name.get("switchover_steps", []), out / _FIGURES["switchover_steps"])
+    report = out / "report.html"
+    report.write_text(_html(tables, window_seconds=window_seconds, source=source, counts=counts), encoding="utf-8")
+    return report

@@ -1,0 +1,123 @@
+"""The analyses of docs/tracing.md computed again in plain Python, one message at a time.
+
+Deliberately naive (expanded lists, sets, Counters) and independent of the Spark code:
+the tests compare the two.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from tests.analytics.tracegen import SpanRec
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": percentile(values, 0.5),
+        "p95_ms": percentile(values, 0.95),
+        "p99_ms": percentile(values, 0.99),
+        "max_ms": max(values),
+    }
+
+
+def _op(span: SpanRec) -> object:
+    return span.attributes.get("messaging.operation.type")
+
+
+def delivery_latency(spans: list[SpanRec], window_ns: int) -> dict[tuple[str, str, int], dict[str, float]]:
+    """(subscriber, topic, window start) -> messages and percentiles, from one latency per message."""
+    sends = {(s.trace_id, s.span_id): s for s in spans if _op(s) == "send"}
+    samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for span in spans:
+        if _op(span) != "process":
+            continue
+        key = (
+            str(span.attributes["messaging.consumer.group.name"]),
+            str(span.attributes["messaging.destination.name"]),
+            span.start_ns // window_ns * window_ns,
+        )
+        for link in span.links:
+            send = sends.get((link.trace_id, link.span_id))
+            if send is None:
+                continue
+            count = int(link.attributes["sokutatsu.seq.last"]) - int(link.attributes["sokutatsu.seq.first"]) + 1
+            samples[key].extend([(span.start_ns - send.start_ns) / 1e6] * count)
+    return {key: {"messages": len(values), **summary(values)} for key, values in samples.items()}
+
+
+def loss_audit(spans: list[SpanRec]) -> dict[tuple[str, str], dict[str, int]]:
+    """(subscriber, topic) -> sent, processed, lost, duplicates, unsent, from sets of (publisher, seq)."""
+    sent: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for span in spans:
+        if _op(span) == "send":
+            first, last = int(span.attributes["sokutatsu.seq.first"]), int(span.attributes["sokutatsu.seq.last"])
+            publisher = str(span.attributes["messaging.client.id"])
+            sent[str(span.attributes["messaging.destination.name"])].update(
+                (publisher, q) for q in range(first, last + 1)
+            )
+    processed: dict[tuple[str, str], Counter[tuple[str, int]]] = defaultdict(Counter)
+    for span in spans:
+        if _op(span) != "process":
+            continue
+        key = (
+            str(span.attributes["messaging.consumer.group.name"]),
+            str(span.attributes["messaging.destination.name"]),
+        )
+        for link in span.links:
+            first, last = int(link.attributes["sokutatsu.seq.first"]), int(link.attributes["sokutatsu.seq.last"])
+            publisher = str(link.attributes["messaging.client.id"])
+            processed[key].update((publisher, q) for q in range(first, last + 1))
+    result = {}
+    for (subscriber, topic), counts in processed.items():
+        expected = sent[topic]
+        result[subscriber, topic] = {
+            "sent": len(expected),
+            "processed": sum(counts.values()),
+            "lost": len(expected - counts.keys()),
+            "duplicates": sum(n - 1 for n in counts.values()),
+            "unsent": len(counts.keys() - expected),
+        }
+    return result
+
+
+def dependency_graph(spans: list[SpanRec]) -> dict[tuple[str, str], dict[str, float]]:
+    """(parent service, child service) -> calls, errors and the child durations' percentiles."""
+    by_id = {(s.trace_id, s.span_id): s for s in spans}
+    durations: dict[tuple[str, str], list[float]] = defaultdict(list)
+    errors: Counter[tuple[str, str]] = Counter()
+    for span in spans:
+        parent = by_id.get((span.trace_id, span.parent_span_id)) if span.parent_span_id is not None else None
+        if parent is None or parent.service == span.service:
+            continue
+        edge = (parent.service, span.service)
+        durations[edge].append((span.end_ns - span.start_ns) / 1e6)
+        errors[edge] += span.error
+    return {
+        edge: {"calls": len(values), "errors": errors[edge], **summary(values)} for edge, values in durations.items()
+    }
+
+
+def switchover_steps(spans: list[SpanRec]) -> dict[str, list[tuple[str, float, float]]]:
+    """Switchover span id (hex) -> [(step, offset from the switchover's start ms, duration ms)] by start."""
+    switchovers = {s.span_id: s for s in spans if s.name == "switchover"}
+    steps: dict[str, list[tuple[str, float, float]]] = {f"{k:016x}": [] for k in switchovers}
+    for span in spans:
+        if span.name.startswith("switchover.") and span.parent_span_id in switchovers:
+            parent = switchovers[span.parent_span_id]
+            steps[f"{parent.span_id:016x}"].append(
+                (
+                    span.name.removeprefix("switchover."),
+                    (span.start_ns - parent.start_ns) / 1e6,
+                    (span.end_ns - span.start_ns) / 1e6,
+                )
+            )
+    return {k: sorted(v, key=lambda step: step[1]) for k, v in steps.items()}

@@ -1,0 +1,66 @@
+"""``sokutatsu analyze`` as a user runs it: a subprocess with its own Spark (and, for the error, in-process)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from sokutatsu.cli.app import app
+from tests.analytics.tracegen import generate, write_otlp
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+TABLES = ("delivery_latency", "loss_audit", "dependency_graph", "switchover_steps")
+FIGURES = ("latency.png", "audit.png", "switchover_steps.png")
+
+
+def _sokutatsu() -> str:
+    path = shutil.which("sokutatsu")
+    assert path is not None, "the sokutatsu command is installed by make setup"
+    return path
+
+
+@pytest.mark.timeout(300)  # a JVM of its own: tens of seconds on a busy 2-core machine
+def test_analyze_writes_the_report(tmp_path: Path) -> None:
+    traces, out = tmp_path / "traces", tmp_path / "out"
+    write_otlp(generate(5, publishers=2, subscribers=2, topics=2, batches=5), traces, 5)
+    with (traces / "broken.jsonl").open("w", encoding="utf-8") as f:
+        f.write("this is not OTLP\n")
+    done = subprocess.run(
+        [_sokutatsu(), "analyze", "--traces", str(traces), "--out", str(out), "--master", "local[2]",
+         "--window-seconds", "0.5"],
+        capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"report: {out.resolve() / 'report.html'}" in done.stdout
+    assert "computing delivery latency" in done.stdout
+    assert "skipped 1 malformed lines" in done.stderr
+    html = (out / "report.html").read_text(encoding="utf-8")
+    for name in TABLES:
+        with (out / f"{name}.csv").open(encoding="utf-8") as f:
+            csv_rows = list(csv.DictReader(f))
+        parquet = pq.read_table(out / f"{name}.parquet")
+        assert parquet.num_rows == len(csv_rows) > 0, name
+        assert parquet.column_names == list(csv_rows[0])
+        assert f"href='{name}.csv'" in html
+    for figure in FIGURES:
+        assert (out / figure).read_bytes().startswith(b"\x89PNG"), figure
+        assert f"src='{figure}'" in html
+
+
+def test_analyze_without_spans_fails_in_one_line(spark: SparkSession, tmp_path: Path) -> None:
+    # In-process, on the tests' running session (the command leaves a session it did not start running).
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["analyze", "--traces", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("sokutatsu:")]
+    assert errors == [f"sokutatsu: error: no spans in {tmp_path} (0 non-blank lines, 0 malformed, 0 incomplete spans)"]
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert spark.range(3).count() == 3  # still running
