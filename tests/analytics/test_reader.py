@@ -76,6 +76,9 @@ def test_other_encodings_of_otlp_json_are_read(spark: SparkSession, tmp_path: Pa
     assert (attributes["sokutatsu.seq.first"], attributes["sokutatsu.seq.last"]) == ("7", "9")
     assert (attributes["ratio"], attributes["flag"]) == ("0.5", "true")
     assert json.loads(attributes["list"]) == {"values": [{"stringValue": "a"}]}
+    # The same file by a glob and by a file: URI (Spark reads any Hadoop-compatible path).
+    assert read_spans(spark, str(tmp_path / "*.jsonl")).span_count == 1
+    assert read_spans(spark, (tmp_path / "other.jsonl").as_uri()).span_count == 1
     (link,) = span["links"]
     assert (link["trace_id"], link["span_id"], link["attributes"]) == (
         "0af7651916cd43dd8448eb211c80319d",

@@ -44,7 +44,7 @@ def test_every_span_is_read_once(traces: tuple[TraceSet, SpanRead]) -> None:
     assert kinds == {"PRODUCER", "CONSUMER", "SERVER", "INTERNAL"}
 
 
-@pytest.mark.parametrize("window_seconds", [1.0, 0.25])
+@pytest.mark.parametrize("window_seconds", [1.0, 0.25, 3.0])
 def test_delivery_latency_matches_the_reference(traces: tuple[TraceSet, SpanRead], window_seconds: float) -> None:
     trace_set, read = traces
     expected = reference.delivery_latency(trace_set.spans, round(window_seconds * 1e9))

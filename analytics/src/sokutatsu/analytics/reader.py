@@ -153,15 +153,31 @@ def read_spans(spark: SparkSession, path: str) -> SpanRead:
         raise NoSpansError(f"no spans in {path}: {exc.getMessage() or exc}") from None
     lines = text.where(F.length(F.trim("value")) > 0).select(F.from_json("value", _REQUEST, options).alias("request"))
     malformed = F.col("request").isNull() | F.col(f"request.{_CORRUPT}").isNotNull()
-    counts = lines.agg(F.count(F.lit(1)).alias("lines"), F.count(F.when(malformed, 1)).alias("malformed")).first()
-    line_count, malformed_count = (int(counts["lines"]), int(counts["malformed"])) if counts else (0, 0)
-
-    resources = lines.where(~malformed).select(F.explode("request.resourceSpans").alias("rs"))
-    scoped = resources.select(
-        _attribute_map(F.col("rs.resource.attributes"))["service.name"].alias("service_name"),
-        F.explode("rs.scopeSpans").alias("ss"),
+    # Each line's spans as one array of (service_name, span), exploded keeping the lines without any, so that
+    # a single pass (one JSON parse) counts lines, malformed lines, spans and incomplete spans.
+    resources = F.transform(
+        F.col("request.resourceSpans"),
+        lambda rs: F.struct(
+            _attribute_map(rs["resource"]["attributes"])["service.name"].alias("service_name"),
+            F.flatten(F.filter(F.transform(rs["scopeSpans"], lambda ss: ss["spans"]), lambda x: x.isNotNull())).alias(
+                "spans"
+            ),
+        ),
     )
-    raw = scoped.select("service_name", F.explode("ss.spans").alias("s"))
+    line_spans = F.flatten(
+        F.filter(
+            F.transform(
+                resources,
+                lambda r: F.transform(
+                    r["spans"], lambda s: F.struct(r["service_name"].alias("service_name"), s.alias("s"))
+                ),
+            ),
+            lambda x: x.isNotNull(),
+        )
+    )
+    raw = lines.select(
+        malformed.alias("_malformed"), F.posexplode_outer(F.when(~malformed, line_spans)).alias("_pos", "_item")
+    ).select("_malformed", "_pos", "_item.service_name", "_item.s")
     links = F.transform(
         F.coalesce(F.col("s.links"), F.array().cast(ArrayType(_LINK))),
         lambda link: F.struct(
@@ -171,6 +187,9 @@ def read_spans(spark: SparkSession, path: str) -> SpanRead:
         ),
     )
     flat = raw.select(
+        "_malformed",
+        (F.col("_pos").isNull() | (F.col("_pos") == 0)).alias("_first"),  # one row of each line has it
+        F.col("s").isNotNull().alias("_span"),
         _hex_id(F.col("s.traceId")).alias("trace_id"),
         _hex_id(F.col("s.spanId")).alias("span_id"),
         _hex_id(F.col("s.parentSpanId")).alias("parent_span_id"),
@@ -184,21 +203,29 @@ def read_spans(spark: SparkSession, path: str) -> SpanRead:
         links.alias("links"),
     )
     complete = (
-        F.col("trace_id").isNotNull()
+        F.col("_span")
+        & F.col("trace_id").isNotNull()
         & F.col("span_id").isNotNull()
         & F.col("start_ns").isNotNull()
         & F.col("end_ns").isNotNull()
     )
-    # One pass over the spans counts both kinds; the complete ones stay cached for the transforms.
     flagged = flat.withColumn("_complete", complete).persist(StorageLevel.MEMORY_AND_DISK)
-    by_flag = {bool(row["_complete"]): int(row["count"]) for row in flagged.groupBy("_complete").count().collect()}
-    span_count, incomplete = by_flag.get(True, 0), by_flag.get(False, 0)
+    counts = flagged.agg(
+        F.count(F.when(F.col("_first"), 1)).alias("lines"),
+        F.count(F.when(F.col("_first") & F.col("_malformed"), 1)).alias("malformed"),
+        F.count(F.when(F.col("_complete"), 1)).alias("spans"),
+        F.count(F.when(F.col("_span") & ~F.col("_complete"), 1)).alias("incomplete"),
+    ).first()
+    if counts is None:  # an aggregate without grouping always has its one row
+        raise RuntimeError("Spark returned no row for the span counts")
+    line_count, malformed_count = int(counts["lines"]), int(counts["malformed"])
+    span_count, incomplete = int(counts["spans"]), int(counts["incomplete"])
     if span_count == 0:
         flagged.unpersist()
         detail = f"{line_count} non-blank lines, {malformed_count} malformed, {incomplete} incomplete spans"
         raise NoSpansError(f"no spans in {path} ({detail})")
     return SpanRead(
-        spans=flagged.where("_complete").drop("_complete"),
+        spans=flagged.where("_complete").select(*SPAN_COLUMNS),
         span_count=span_count,
         lines=line_count,
         malformed_lines=malformed_count,

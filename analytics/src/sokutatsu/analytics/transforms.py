@@ -174,7 +174,7 @@ def loss_audit(spans: DataFrame) -> DataFrame:
         .groupBy("subscriber", "topic", "publisher")
         .agg(F.sum("n").alias("delivered"))
     )
-    audited = runs.select("subscriber", "topic").distinct()
+    audited = processed_totals.select("subscriber", "topic").distinct()
     keys = ["subscriber", "topic", "publisher"]
     expected = audited.join(sent_sizes, "topic")  # every publisher of an audited topic
     per_publisher = (
