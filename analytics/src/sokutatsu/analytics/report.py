@@ -58,9 +58,12 @@ def _write_csv(columns: list[str], rows: list[Row], path: Path) -> None:
         writer.writerows([row[c] for c in columns] for row in rows)
 
 
-def _cell(value: object) -> str:
+def _cell(value: object, column: str) -> str:
     if value is None:
         return ""
+    if column.endswith("_ns") and isinstance(value, int):  # epoch ns: shown as UTC time, kept as ns in the files
+        moment = datetime.datetime.fromtimestamp(value / 1e9, datetime.UTC)
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
     if isinstance(value, float):
         return f"{value:.3f}"
     return html.escape(str(value))
@@ -70,7 +73,7 @@ def _html_table(table: Table) -> str:
     columns = table.frame.columns
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "\n".join(
-        "<tr>" + "".join(f"<td>{_cell(row[c])}</td>" for c in columns) + "</tr>" for row in table.rows[:_HTML_ROWS]
+        "<tr>" + "".join(f"<td>{_cell(row[c], c)}</td>" for c in columns) + "</tr>" for row in table.rows[:_HTML_ROWS]
     )
     more = (
         f"<p class='note'>First {_HTML_ROWS} of {len(table.rows)} rows; all in the files.</p>"
