@@ -34,24 +34,40 @@ def _op(span: SpanRec) -> object:
 
 
 def delivery_latency(spans: list[SpanRec], window_ns: int) -> dict[tuple[str, str, int], dict[str, float]]:
-    """(subscriber, topic, window start) -> messages and percentiles, from one latency per message."""
+    """(subscriber, topic, window start) -> messages and percentiles, from one latency per message.
+
+    A link with its run's publish and receive times (docs/tracing.md) gives receive - publish, in the
+    window of its receive time, and its largest latency to the maximum; a link without them gives
+    process start - send start, in the window of the process span's start."""
     sends = {(s.trace_id, s.span_id): s for s in spans if _op(s) == "send"}
     samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    worst: dict[tuple[str, str, int], float] = {}
     for span in spans:
         if _op(span) != "process":
             continue
-        key = (
-            str(span.attributes["messaging.consumer.group.name"]),
-            str(span.attributes["messaging.destination.name"]),
-            span.start_ns // window_ns * window_ns,
-        )
+        subscriber = str(span.attributes["messaging.consumer.group.name"])
+        topic = str(span.attributes["messaging.destination.name"])
         for link in span.links:
-            send = sends.get((link.trace_id, link.span_id))
-            if send is None:
-                continue
             count = int(link.attributes["sokutatsu.seq.last"]) - int(link.attributes["sokutatsu.seq.first"]) + 1
-            samples[key].extend([(span.start_ns - send.start_ns) / 1e6] * count)
-    return {key: {"messages": len(values), **summary(values)} for key, values in samples.items()}
+            if "sokutatsu.receive_time_unix_nano" in link.attributes:
+                received = int(link.attributes["sokutatsu.receive_time_unix_nano"])
+                latency = (received - int(link.attributes["sokutatsu.publish_time_unix_nano"])) / 1e6
+                key = (subscriber, topic, received // window_ns * window_ns)
+                largest = int(link.attributes["sokutatsu.latency_max_ns"]) / 1e6
+                worst[key] = max(worst.get(key, largest), largest)
+            else:
+                send = sends.get((link.trace_id, link.span_id))
+                if send is None:
+                    continue
+                latency = (span.start_ns - send.start_ns) / 1e6
+                key = (subscriber, topic, span.start_ns // window_ns * window_ns)
+            samples[key].extend([latency] * count)
+    result = {}
+    for key, values in samples.items():
+        row = {"messages": len(values), **summary(values)}
+        row["max_ms"] = max(row["max_ms"], worst.get(key, row["max_ms"]))
+        result[key] = row
+    return result
 
 
 def loss_audit(spans: list[SpanRec]) -> dict[tuple[str, str], dict[str, int]]:

@@ -148,6 +148,9 @@ def _process_spans(
         start = max(clock, ready + latency)
         clock = start + rng.randint(1, 50) * 1000
         links: list[LinkRec] = []
+        # Half the process spans carry their runs' publish and receive times (the SDK's), the other
+        # half not (older traces): the analysis takes the times where they are, else the spans' starts.
+        timed = rng.random() < 0.5
         for m in batch:  # one link per run of consecutive messages from the same send span
             last = links[-1] if links else None
             if (
@@ -157,13 +160,20 @@ def _process_spans(
             ):
                 last.attributes["sokutatsu.seq.last"] = m.seq
                 continue
-            links.append(
-                LinkRec(
-                    m.send.trace_id,
-                    m.send.span_id,
-                    {"sokutatsu.seq.first": m.seq, "sokutatsu.seq.last": m.seq, "messaging.client.id": m.publisher},
-                )
-            )
+            attributes: Attrs = {
+                "sokutatsu.seq.first": m.seq,
+                "sokutatsu.seq.last": m.seq,
+                "messaging.client.id": m.publisher,
+            }
+            if timed:
+                # The run's first message: published after its send span started, received at most the
+                # process span's start; and the run's worst latency (docs/tracing.md).
+                published = m.send.start_ns + rng.randint(0, 900) * 1000
+                received = start - rng.randint(0, 400) * 1000
+                attributes["sokutatsu.publish_time_unix_nano"] = published
+                attributes["sokutatsu.receive_time_unix_nano"] = received
+                attributes["sokutatsu.latency_max_ns"] = received - published + rng.randint(0, 3000) * 1000
+            links.append(LinkRec(m.send.trace_id, m.send.span_id, attributes))
         out.spans.append(
             SpanRec(
                 ids.trace(), ids.span(), None, f"process {topic}", SpanKind.CONSUMER, start,
