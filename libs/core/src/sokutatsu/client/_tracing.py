@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags
 
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client._wire import header_field
 
 SYSTEM = "sokutatsu"
 TRACEPARENT = "traceparent"
@@ -44,6 +45,7 @@ PUBLISHED, RECEIVED, WORST = (
 )
 # How long one send or process span gathers messages.
 WINDOW_SECONDS = 0.1
+WINDOW_NS = round(WINDOW_SECONDS * 1e9)
 # Links per process span at most (the OpenTelemetry SDK keeps 128 by default).
 MAX_LINKS = 100
 # Links' parsed creation contexts kept for reuse (a batch's messages share one).
@@ -64,10 +66,10 @@ def _tracer() -> trace.Tracer:
 class _Send:
     span: Span
     topic: str
-    traceparent: str
+    traceparent: bytes  # the encoded header field
     first: int
     last: int
-    opened: float  # loop time
+    opened_ns: int  # wall clock, when its first message was handed over
     count: int = 0
     size: int = 0
     sealed: bool = False
@@ -83,11 +85,11 @@ class SendSpans:
         self._sealed: deque[_Send] = deque()
         self._written = 0
 
-    def traceparent(self, topic: str, seq: int, size: int) -> str:
-        """The creation context for message ``seq`` of ``topic``, as a W3C traceparent."""
+    def traceparent(self, topic: str, seq: int, size: int, now_ns: int) -> bytes:
+        """The creation context for message ``seq`` of ``topic``: its W3C traceparent header, encoded
+        (the span's messages share the bytes)."""
         send = self._open
-        loop = asyncio.get_running_loop()
-        if send is None or send.topic != topic or loop.time() - send.opened >= WINDOW_SECONDS:
+        if send is None or send.topic != topic or now_ns - send.opened_ns >= WINDOW_NS:
             self._seal()
             span = self.tracer.start_span(
                 f"send {topic}",
@@ -102,8 +104,8 @@ class SendSpans:
             )
             context = span.get_span_context()
             header = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
-            send = self._open = _Send(span, topic, header, seq, seq, loop.time())
-            loop.call_later(WINDOW_SECONDS, self._expire, send)
+            send = self._open = _Send(span, topic, header_field(TRACEPARENT, header), seq, seq, now_ns)
+            asyncio.get_running_loop().call_later(WINDOW_SECONDS, self._expire, send)
         send.last = seq
         send.count += 1
         send.size += size

@@ -43,17 +43,20 @@ def encode_message(  # noqa: PLR0917 - one call per message; mirrors the Message
     persistent: bool,
     time_ns: int,
     stamp: bytes = b"",
+    header_fields: bytes = b"",
 ) -> bytes:
     """A serialised ``Message`` (the same bytes protobuf would write), without building one.
 
     ``publisher_field`` is the pre-encoded publisher_id field (see :func:`publisher_field`);
-    ``stamp`` a serialised sequencer ``Stamp`` (total-order topics) or empty.
+    ``stamp`` a serialised sequencer ``Stamp`` (total-order topics) or empty; ``header_fields``
+    more headers already encoded (see :func:`header_field`), e.g. the trace context a batch shares.
     """
     parts = [publisher_field, _TAG_SEQ, varint(seq), _length_delimited(_TAG_KEY, key.encode())]
     if headers:
         for name, value in headers.items():
-            entry = _length_delimited(b"\x0a", name.encode()) + _length_delimited(b"\x12", value.encode())
-            parts.append(_length_delimited(_TAG_HEADER, entry))
+            parts.append(header_field(name, value))
+    if header_fields:
+        parts.append(header_fields)
     if body:
         parts.append(_length_delimited(_TAG_BODY, body))
     if persistent:
@@ -62,6 +65,12 @@ def encode_message(  # noqa: PLR0917 - one call per message; mirrors the Message
     if stamp:
         parts.append(_length_delimited(_TAG_STAMP, stamp))
     return b"".join(parts)
+
+
+def header_field(name: str, value: str) -> bytes:
+    """One ``Message.headers`` entry, encoded."""
+    entry = _length_delimited(b"\x0a", name.encode()) + _length_delimited(b"\x12", value.encode())
+    return _length_delimited(_TAG_HEADER, entry)
 
 
 def publisher_field(publisher_id: str) -> bytes:

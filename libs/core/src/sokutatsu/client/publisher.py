@@ -212,10 +212,13 @@ class Publisher:
         seq = self._next_seq
         self._next_seq += 1
         fields = dict(headers) if headers else None
+        now = time.time_ns()
+        trace_field = b""
         if self._spans is not None:
-            fields = fields or {}
-            fields[TRACEPARENT] = self._spans.traceparent(topic, seq, len(body))
-        payload = encode_message(self._publisher_field, seq, key, body, fields, persistent, time.time_ns(), stamp)
+            if fields:
+                fields.pop(TRACEPARENT, None)  # the SDK's send span is the message's creation context
+            trace_field = self._spans.traceparent(topic, seq, len(body), now)
+        payload = encode_message(self._publisher_field, seq, key, body, fields, persistent, now, stamp, trace_field)
         element = message_element(payload)
         self._pending.append(_Pending(seq, topic, element, len(element)))
         for link in self._links:
