@@ -137,3 +137,77 @@ def switchover_steps(spans: list[SpanRec]) -> dict[str, list[tuple[str, float, f
                 )
             )
     return {k: sorted(v, key=lambda step: step[1]) for k, v in steps.items()}
+
+
+def transfers(spans: list[SpanRec]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(from, to, mode) -> the transfer table's columns, one span at a time."""
+    rows: dict[tuple[str, str, str], dict[str, float]] = {}
+    durations: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+
+    def row(span: SpanRec) -> dict[str, float]:
+        key = (
+            str(span.attributes["sokutatsu.transfer.from_node"]),
+            str(span.attributes["sokutatsu.transfer.to_node"]),
+            str(span.attributes["sokutatsu.transfer.mode"]),
+        )
+        return rows.setdefault(key, dict.fromkeys(TRANSFER_COUNTS, 0))
+
+    for span in spans:
+        if span.name == "transfer.recover":
+            r = row(span)
+            r["recoveries"] += 1
+            for column in ("marked_sent", "aborted", "finished"):
+                r[column] += int(span.attributes.get(f"sokutatsu.transfer.{column}", 0))
+        elif span.name.startswith("transfer ") and "sokutatsu.transfer.mode" in span.attributes:
+            r = row(span)
+            r["batches"] += 1
+            r["messages"] += int(span.attributes["messaging.batch.message_count"])
+            r["resent_batches"] += bool(span.attributes["sokutatsu.transfer.resent"])
+            r["duplicates"] += int(span.attributes.get("sokutatsu.transfer.duplicates", 0))
+            if span.error:
+                r["unconfirmed_batches"] += 1
+            else:
+                key = (
+                    str(span.attributes["sokutatsu.transfer.from_node"]),
+                    str(span.attributes["sokutatsu.transfer.to_node"]),
+                    str(span.attributes["sokutatsu.transfer.mode"]),
+                )
+                durations[key].append((span.end_ns - span.start_ns) / 1e6)
+    for key, r in rows.items():
+        if durations[key]:
+            r.update(summary(durations[key]))
+    return rows
+
+
+TRANSFER_COUNTS = (
+    "batches",
+    "messages",
+    "resent_batches",
+    "duplicates",
+    "unconfirmed_batches",
+    "recoveries",
+    "marked_sent",
+    "aborted",
+    "finished",
+)
+
+
+def sequencer_fills(spans: list[SpanRec]) -> dict[tuple[str, int], dict[str, int]]:
+    """(domain, distribution id) -> installs, skip markers and slots, dummy fills and slots."""
+    rows: dict[tuple[str, int], dict[str, int]] = {}
+    for span in spans:
+        if span.name not in {"sequencer.install_distribution", "sequencer.fill"}:
+            continue
+        key = (str(span.attributes["sokutatsu.domain"]), int(span.attributes["sokutatsu.distribution.id"]))
+        r = rows.setdefault(
+            key, dict.fromkeys(("installs", "skip_markers", "skip_slots", "dummy_fills", "dummy_slots"), 0)
+        )
+        if span.name == "sequencer.install_distribution":
+            r["installs"] += 1
+        elif span.attributes["sokutatsu.fill.kind"] == "skip":
+            r["skip_markers"] += 1
+            r["skip_slots"] += int(span.attributes["sokutatsu.fill.slots"])
+        else:
+            r["dummy_fills"] += 1
+            r["dummy_slots"] += int(span.attributes["sokutatsu.fill.slots"])
+    return rows

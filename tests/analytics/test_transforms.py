@@ -95,3 +95,26 @@ def test_switchover_steps_match_the_reference(traces: tuple[TraceSet, SpanRead])
         for got, want in zip(actual[key], steps, strict=True):
             assert math.isclose(got[1], want[1])
             assert math.isclose(got[2], want[2])
+
+
+def test_transfers_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    trace_set, read = traces
+    expected = reference.transfers(trace_set.spans)
+    rows = transforms.transfers(read.spans).collect()
+    actual = {(r["from_node"], r["to_node"], r["mode"]): r.asDict() for r in rows}
+    assert actual.keys() == expected.keys()
+    for key, values in expected.items():
+        for column in reference.TRANSFER_COUNTS:
+            assert actual[key][column] == values[column], (key, column)
+        if "p50_ms" in values:
+            _close(actual[key], {k: values[k] for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")})
+
+
+def test_sequencer_fills_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    trace_set, read = traces
+    expected = reference.sequencer_fills(trace_set.spans)
+    rows = transforms.sequencer_fills(read.spans).collect()
+    actual = {(r["domain"], r["distribution_id"]): r.asDict() for r in rows}
+    assert actual.keys() == expected.keys()
+    for key, values in expected.items():
+        assert {k: actual[key][k] for k in values} == values, key

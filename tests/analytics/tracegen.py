@@ -132,6 +132,8 @@ def generate(seed: int, *, publishers: int = 3, subscribers: int = 3, topics: in
             _process_spans(rng, ids, out, subscriber=subscriber, topic=topic, delivered=delivered)
     _service_calls(rng, ids, out)
     _switchovers(rng, ids, out)
+    _transfers(rng, ids, out)
+    _sequencers(rng, ids, out)
     return out
 
 
@@ -247,6 +249,60 @@ def _switchovers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
                 error=len(steps) < len(STEPS),
             )
         )  # fmt: skip
+
+
+def _transfers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
+    """Transfer daemons' batches and recoveries (docs/tracing.md), two links and both protocols."""
+    for from_node, to_node, mode in (("node1", "node2", "1pc"), ("node1", "node3", "2pc"), ("node2", "node1", "1pc")):
+        link = {"sokutatsu.transfer.from_node": from_node, "sokutatsu.transfer.to_node": to_node,
+                "sokutatsu.transfer.mode": mode}  # fmt: skip
+        t = T0 + rng.randint(0, 500) * MS
+        for _ in range(rng.randint(0, 4)):
+            t += rng.randint(1, 900) * MS
+            recovered: Attrs = dict(link)
+            if mode == "1pc":
+                recovered.update({"sokutatsu.transfer.receiver_last_id": rng.randint(0, 99),
+                                  "sokutatsu.transfer.marked_sent": rng.randint(0, 50),
+                                  "sokutatsu.transfer.last_assigned_id": rng.randint(0, 99)})  # fmt: skip
+            else:
+                recovered.update({"sokutatsu.transfer.aborted": rng.randint(0, 3),
+                                  "sokutatsu.transfer.finished": rng.randint(0, 3)})  # fmt: skip
+            out.spans.append(SpanRec(ids.trace(), ids.span(), None, "transfer.recover", SpanKind.INTERNAL, t,
+                                     t + rng.randint(1, 90) * MS, "sokutatsu-transfer", recovered))  # fmt: skip
+        for i in range(rng.randint(1, 30)):
+            t += rng.randint(1, 90) * MS
+            batch: Attrs = {**link, "messaging.batch.message_count": rng.randint(1, 1000),
+                            "sokutatsu.transfer.resent": rng.random() < 0.2}  # fmt: skip
+            if mode == "1pc":
+                batch.update({"sokutatsu.transfer.first_id": i * 1000 + 1, "sokutatsu.transfer.last_id": i * 1000 + 9})
+            else:
+                batch["sokutatsu.transfer.gid"] = f"sokutatsu:{from_node}:{to_node}:{i}"
+            unconfirmed = rng.random() < 0.1
+            if not unconfirmed and rng.random() < 0.7:
+                batch["sokutatsu.transfer.duplicates"] = rng.randint(0, 5)
+            out.spans.append(SpanRec(ids.trace(), ids.span(), None, f"transfer {to_node}", SpanKind.PRODUCER, t,
+                                     t + rng.randint(100, 90_000) * 1000, "sokutatsu-transfer", batch,
+                                     error=unconfirmed))  # fmt: skip
+
+
+def _sequencers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
+    """Sequencers' distribution installs and fillers (docs/tracing.md)."""
+    for domain in ("a", "b", "quiet"):
+        kind = "dummy" if domain == "quiet" and rng.random() < 0.5 else "skip"
+        t = T0
+        for distribution in range(1, rng.randint(2, 6)):
+            t += rng.randint(1, 900) * MS
+            for _ in range(rng.randint(1, 2)):  # a journal replay installs the same one again
+                out.spans.append(SpanRec(ids.trace(), ids.span(), None, "sequencer.install_distribution",
+                                         SpanKind.INTERNAL, t, t, f"sokutatsu-sequencer-{domain}",
+                                         {"sokutatsu.domain": domain, "sokutatsu.distribution.id": distribution,
+                                          "sokutatsu.distribution.weights": "[]"}))  # fmt: skip
+            for _ in range(rng.randint(0, 5)):
+                slots = 1 if kind == "dummy" else rng.randint(1, 400)
+                out.spans.append(SpanRec(ids.trace(), ids.span(), None, "sequencer.fill", SpanKind.INTERNAL, t,
+                                         t + rng.randint(100, 5000) * 1000, f"sokutatsu-sequencer-{domain}",
+                                         {"sokutatsu.domain": domain, "sokutatsu.distribution.id": distribution,
+                                          "sokutatsu.fill.kind": kind, "sokutatsu.fill.slots": slots}))  # fmt: skip
 
 
 def _readable(rec: SpanRec) -> ReadableSpan:

@@ -70,6 +70,8 @@ def analyze(
             ("loss_audit", "loss/duplicate audit", transforms.loss_audit(read.spans)),
             ("dependency_graph", "service dependency graph", transforms.dependency_graph(read.spans)),
             ("switchover_steps", "switchover steps", transforms.switchover_steps(read.spans)),
+            ("transfers", "queue-db transfers", transforms.transfers(read.spans)),
+            ("sequencer_fills", "sequencer distributions and fillers", transforms.sequencer_fills(read.spans)),
         ]
         tables = []
         for name, title, frame in frames:

@@ -89,11 +89,12 @@ def _html_table(table: Table) -> str:
 
 _EXPLANATIONS = {
     "delivery_latency": (
-        "Per subscriber (messaging.consumer.group.name), topic and window of {window}s of the process spans' start:"
-        " each link of a <code>process</code> span contributes the process span's start minus the linked"
-        " <code>send</code> span's start once per message of its run (sokutatsu.seq.last - sokutatsu.seq.first + 1)."
-        " Exact percentiles. Both clocks are the machines' own: across machines, mind clock skew."
-        " Runs whose send span is not in the traces are left out."
+        "Per subscriber (messaging.consumer.group.name), topic and window of {window}s: each link of a"
+        " <code>process</code> span (a run of messages from one <code>send</code> span) contributes its first"
+        " message's receive time minus its publish time once per message of the run (sokutatsu.seq.last -"
+        " sokutatsu.seq.first + 1), in the window of its receive time; max_ms is the largest latency of any run."
+        " Links without those times (older traces) count the process span's start minus the send span's."
+        " Exact percentiles. The clocks are the publisher's and the subscriber's: across machines, mind clock skew."
     ),
     "loss_audit": (
         "Per subscriber and topic it processed anything from: <b>sent</b> is every sequence number the topic's"
@@ -106,6 +107,20 @@ _EXPLANATIONS = {
         "Each span joined to its parent: an edge from the parent's service.name to the child's where they differ,"
         " with the number of calls, the calls whose child span has status ERROR, and exact percentiles of the"
         " child spans' durations."
+    ),
+    "transfers": (
+        "Per queue-db link (sending node, receiving node) and protocol: the transfer daemon's batches"
+        " (<code>transfer {{node}}</code> spans, from sending a batch to the receiver's answer), their messages,"
+        " the batches resent after a reconnection, the messages the receiver found it already had, the batches"
+        " a session ended on before their answer, exact percentiles of the batches' durations, and the"
+        " recoveries (<code>transfer.recover</code>: one per (re)connection) with what they settled: messages"
+        " marked sent without resending (1PC), prepared batches aborted and finished (2PC)."
+    ),
+    "sequencer_fills": (
+        "Per sequencer domain and distribution: how many distributions it installed"
+        " (<code>sequencer.install_distribution</code>), and the filler publishes"
+        " (<code>sequencer.fill</code>: skip markers or dummy messages, seed \u00a73.3) and the slots they filled"
+        " for the domain's share or to show a new distribution."
     ),
     "switchover_steps": (
         "Every <code>switchover</code> span of the monitor and its <code>switchover.{{step}}</code> children, as"

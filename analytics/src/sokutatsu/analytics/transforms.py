@@ -18,7 +18,9 @@ __all__ = [
     "loss_audit",
     "message_runs",
     "sent_ranges",
+    "sequencer_fills",
     "switchover_steps",
+    "transfers",
 ]
 
 #: The percentiles every latency table reports, and their column suffixes.
@@ -280,3 +282,95 @@ def switchover_steps(spans: DataFrame) -> DataFrame:
         ((F.col("step_start_ns") - F.col("start_ns")) / _NS_PER_MS).alias("step_offset_ms"),
         "step_ms",
     ).orderBy("start_ns", "span_id", "step_offset_ms")
+
+
+def transfers(spans: DataFrame) -> DataFrame:
+    """Per queue-db link and protocol: the transfer daemon's batches and recoveries (docs/tracing.md).
+
+    Columns: from_node, to_node, mode, batches, messages, resent_batches, duplicates,
+    unconfirmed_batches (status ERROR: the session ended before the answer), p50_ms, p95_ms,
+    p99_ms, max_ms (batch durations, confirmed batches), recoveries, marked_sent (1PC),
+    aborted, finished (2PC).
+    """
+    link = [
+        _attr("sokutatsu.transfer.from_node").alias("from_node"),
+        _attr("sokutatsu.transfer.to_node").alias("to_node"),
+        _attr("sokutatsu.transfer.mode").alias("mode"),
+    ]
+    keys = ["from_node", "to_node", "mode"]
+    batches = spans.where(F.col("name").startswith("transfer ") & _attr("sokutatsu.transfer.mode").isNotNull())
+    confirmed = F.col("status_code") != "ERROR"
+    duration = F.when(confirmed, (F.col("end_ns") - F.col("start_ns")) / _NS_PER_MS)
+    per_batch = batches.select(
+        *link,
+        _attr("messaging.batch.message_count").cast("long").alias("count"),
+        (_attr("sokutatsu.transfer.resent") == "true").alias("resent"),
+        F.coalesce(_attr("sokutatsu.transfer.duplicates").cast("long"), F.lit(0)).alias("dups"),
+        confirmed.alias("confirmed"),
+        duration.alias("duration_ms"),
+    )
+    grouped = per_batch.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("batches"),
+        F.sum("count").alias("messages"),
+        F.count(F.when(F.col("resent"), 1)).alias("resent_batches"),
+        F.sum("dups").alias("duplicates"),
+        F.count(F.when(~F.col("confirmed"), 1)).alias("unconfirmed_batches"),
+        *_percentile_columns(F.col("duration_ms"), "ms"),
+        F.max("duration_ms").alias("max_ms"),
+    )
+    recoveries = (
+        spans.where(F.col("name") == "transfer.recover")
+        .select(
+            *link,
+            F.coalesce(_attr("sokutatsu.transfer.marked_sent").cast("long"), F.lit(0)).alias("marked"),
+            F.coalesce(_attr("sokutatsu.transfer.aborted").cast("long"), F.lit(0)).alias("abort"),
+            F.coalesce(_attr("sokutatsu.transfer.finished").cast("long"), F.lit(0)).alias("finish"),
+        )
+        .groupBy(*keys)
+        .agg(
+            F.count(F.lit(1)).alias("recoveries"),
+            F.sum("marked").alias("marked_sent"),
+            F.sum("abort").alias("aborted"),
+            F.sum("finish").alias("finished"),
+        )
+    )
+    counts = ["batches", "messages", "resent_batches", "duplicates", "unconfirmed_batches"]
+    recovered = ["recoveries", "marked_sent", "aborted", "finished"]
+    table = _expand_percentiles(grouped, "ms").join(recoveries, keys, "full_outer").fillna(0, [*counts, *recovered])
+    return table.select(*keys, *counts, "p50_ms", "p95_ms", "p99_ms", "max_ms", *recovered).orderBy(*keys)
+
+
+def sequencer_fills(spans: DataFrame) -> DataFrame:
+    """Per sequencer domain and distribution id: installs and fillers (docs/tracing.md).
+
+    Columns: domain, distribution_id, installs, skip_markers, skip_slots, dummy_fills,
+    dummy_slots.
+    """
+    keys = ["domain", "distribution_id"]
+    installs = (
+        spans.where(F.col("name") == "sequencer.install_distribution")
+        .select(
+            _attr("sokutatsu.domain").alias("domain"),
+            _attr("sokutatsu.distribution.id").cast("long").alias("distribution_id"),
+        )
+        .groupBy(*keys)
+        .agg(F.count(F.lit(1)).alias("installs"))
+    )
+    fills = (
+        spans.where(F.col("name") == "sequencer.fill")
+        .select(
+            _attr("sokutatsu.domain").alias("domain"),
+            _attr("sokutatsu.distribution.id").cast("long").alias("distribution_id"),
+            _attr("sokutatsu.fill.kind").alias("kind"),
+            _attr("sokutatsu.fill.slots").cast("long").alias("slots"),
+        )
+        .groupBy(*keys)
+        .agg(
+            F.count(F.when(F.col("kind") == "skip", 1)).alias("skip_markers"),
+            F.sum(F.when(F.col("kind") == "skip", F.col("slots")).otherwise(0)).alias("skip_slots"),
+            F.count(F.when(F.col("kind") == "dummy", 1)).alias("dummy_fills"),
+            F.sum(F.when(F.col("kind") == "dummy", F.col("slots")).otherwise(0)).alias("dummy_slots"),
+        )
+    )
+    columns = ["installs", "skip_markers", "skip_slots", "dummy_fills", "dummy_slots"]
+    return installs.join(fills, keys, "full_outer").fillna(0, columns).select(*keys, *columns).orderBy(*keys)
