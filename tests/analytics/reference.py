@@ -90,6 +90,7 @@ def loss_audit(spans: list[SpanRec]) -> dict[tuple[str, str], dict[str, int]]:
         )
         for link in span.links:
             first, last = int(link.attributes["sokutatsu.seq.first"]), int(link.attributes["sokutatsu.seq.last"])
+            first = min(first, int(link.attributes.get("sokutatsu.seq.filtered_from", first)))
             publisher = str(link.attributes["messaging.client.id"])
             processed[key].update((publisher, q) for q in range(first, last + 1))
     result = {}

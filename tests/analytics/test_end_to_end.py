@@ -85,10 +85,10 @@ async def test_a_real_runs_traces_show_every_message_processed_once(
     audit = {(r["subscriber"], r["topic"]): r.asDict() for r in transforms.loss_audit(read.spans).collect()}
     desk = audit[("desk", "ticks")]
     assert (desk["sent"], desk["processed"], desk["lost"], desk["duplicates"]) == (N, N, 0, 0)
-    # The filtered subscriber's runs cover its messages and the odd ones between them, never twice.
+    # The filtered subscriber's links account for its messages and the odd ones its filter left out
+    # (the broker's previous_seq vouches), except number 1: before its first message nothing is known.
     even = audit[("even-desk", "ticks")]
-    assert even["duplicates"] == 0
-    assert even["processed"] >= N // 2
+    assert (even["sent"], even["processed"], even["lost"], even["duplicates"]) == (N, N - 1, 1, 0)
 
     latency = transforms.delivery_latency(read.spans, 1.0).where("subscriber = 'desk'").collect()
     assert sum(r["messages"] for r in latency) == N

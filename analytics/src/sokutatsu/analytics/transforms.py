@@ -37,6 +37,7 @@ SEQ_LAST = "sokutatsu.seq.last"
 PUBLISHED = "sokutatsu.publish_time_unix_nano"
 RECEIVED = "sokutatsu.receive_time_unix_nano"
 WORST = "sokutatsu.latency_max_ns"
+FILTERED_FROM = "sokutatsu.seq.filtered_from"
 
 
 def _attr(name: str, column: str = "attributes") -> Column:
@@ -77,7 +78,8 @@ def message_runs(spans: DataFrame) -> DataFrame:
     Columns: subscriber, topic, process_span_id, process_start_ns, send_trace_id,
     send_span_id, publisher, seq_first, seq_last, messages (seq_last - seq_first + 1), and
     published_ns, received_ns, worst_ns (the run's first message's publish and receive times
-    and the run's largest latency; null where the link does not carry them).
+    and the run's largest latency), filtered_from (numbers from it to seq_first - 1 were left
+    out by the subscription's filter); null where the link does not carry them.
     Links without a valid range are left out.
     """
     links = spans.where(_attr(OPERATION) == "process").select(
@@ -100,6 +102,7 @@ def message_runs(spans: DataFrame) -> DataFrame:
         _attr(PUBLISHED, "link.attributes").cast("long").alias("published_ns"),
         _attr(RECEIVED, "link.attributes").cast("long").alias("received_ns"),
         _attr(WORST, "link.attributes").cast("long").alias("worst_ns"),
+        _attr(FILTERED_FROM, "link.attributes").cast("long").alias("filtered_from"),
     ).withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
     return runs.where(F.col("messages") > 0)
 
@@ -175,7 +178,13 @@ def loss_audit(spans: DataFrame) -> DataFrame:
         ["publisher", "topic"],
     )
     sent_sizes = sent.groupBy("publisher", "topic").agg(F.sum(_size()).alias("sent"))
-    runs = message_runs(spans).select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
+    # A filtered subscriber's link also accounts for the numbers before its run that its filter left out.
+    runs = (
+        message_runs(spans)
+        .withColumn("seq_first", F.least("seq_first", F.coalesce("filtered_from", "seq_first")))
+        .withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
+        .select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
+    )
     processed_totals = runs.groupBy("subscriber", "topic", "publisher").agg(F.sum("messages").alias("processed"))
     processed = _merged(runs.drop("messages"), ["subscriber", "topic", "publisher"])
     distinct = processed.groupBy("subscriber", "topic", "publisher").agg(F.sum(_size()).alias("distinct"))

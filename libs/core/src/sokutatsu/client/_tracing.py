@@ -35,6 +35,9 @@ from sokutatsu.client._wire import header_field
 SYSTEM = "sokutatsu"
 TRACEPARENT = "traceparent"
 SEQ_FIRST, SEQ_LAST = "sokutatsu.seq.first", "sokutatsu.seq.last"
+# On a link: the numbers from here to sokutatsu.seq.first - 1 did not match the subscription's
+# filter (the broker's previous_seq vouches), so the loss audit counts them as accounted for.
+FILTERED_FROM = "sokutatsu.seq.filtered_from"
 CLIENT_ID = "messaging.client.id"
 # Link attributes of a run: its first message's publish time and arrival (ns since the epoch),
 # and the run's largest arrival - publish (ns).
@@ -154,6 +157,7 @@ class _Run:
     published_ns: int  # the first message's publish time
     received_ns: int  # when the SDK accepted it
     worst_ns: int  # the run's largest receive - publish
+    filtered_from: int  # numbers from here to first - 1 did not match the subscription (0: none known)
 
 
 class ProcessSpans:
@@ -202,7 +206,11 @@ class ProcessSpans:
                 run.worst_ns = max(run.worst_ns, latency)
                 continue
             self._close_run()
-            run = self._run = _Run(header, message.publisher_id, seq, seq, message.publish_time_unix_nano, now, latency)
+            previous = message.previous_seq  # the broker's: nothing between it and seq matched (0: unknown)
+            filtered_from = previous + 1 if 0 < previous < seq - 1 else 0
+            run = self._run = _Run(
+                header, message.publisher_id, seq, seq, message.publish_time_unix_nano, now, latency, filtered_from
+            )
         if len(self._links) >= MAX_LINKS:
             self.flush()
 
@@ -213,19 +221,17 @@ class ProcessSpans:
             return
         context = self._context(run.header)
         if context is not None:
-            self._links.append(
-                Link(
-                    context,
-                    {
-                        SEQ_FIRST: run.first,
-                        SEQ_LAST: run.last,
-                        CLIENT_ID: run.publisher,
-                        PUBLISHED: run.published_ns,
-                        RECEIVED: run.received_ns,
-                        WORST: run.worst_ns,
-                    },
-                )
-            )
+            attributes: dict[str, int | str] = {
+                SEQ_FIRST: run.first,
+                SEQ_LAST: run.last,
+                CLIENT_ID: run.publisher,
+                PUBLISHED: run.published_ns,
+                RECEIVED: run.received_ns,
+                WORST: run.worst_ns,
+            }
+            if run.filtered_from:
+                attributes[FILTERED_FROM] = run.filtered_from
+            self._links.append(Link(context, attributes))
 
     def flush(self) -> None:
         """End the window's span (its timer, a full link list, or the subscriber closing)."""
