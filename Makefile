@@ -45,3 +45,5 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench peers $(if $(QUICK),--quick) --json bench/results/peers$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench sequencer $(if $(QUICK),--quick) --json bench/results/sequencer$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench queue-db $(if $(QUICK),--quick) --json bench/results/queue-db$(if $(QUICK),-quick).json
+	$(RUN) sokutatsu bench throughput --tracing $(if $(QUICK),--quick) --json bench/results/throughput-tracing$(if $(QUICK),-quick).json
+	$(RUN) sokutatsu bench analytics $(if $(QUICK),--spans 100000) --json bench/results/analytics$(if $(QUICK),-quick).json

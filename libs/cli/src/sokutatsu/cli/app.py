@@ -15,7 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.cli import analyze_command, client_commands, queuedb_command, simulate_command, status_command
+from sokutatsu.cli import (
+    analyze_command,
+    bench_analytics,
+    client_commands,
+    queuedb_command,
+    simulate_command,
+    status_command,
+)
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
@@ -226,6 +233,7 @@ bench_app.command("slow-subscriber")(client_commands.bench_slow_subscriber)
 bench_app.command("peers")(client_commands.bench_peers)
 bench_app.command("sequencer")(client_commands.bench_sequencer)
 bench_app.command("queue-db")(client_commands.bench_queuedb)
+bench_app.command("analytics")(bench_analytics.bench_analytics)
 app.add_typer(bench_app, name="bench")
 queuedb_app = typer.Typer(help="Queue-db administration.", no_args_is_help=True)
 queuedb_app.command("migrate")(queuedb_command.queuedb_migrate)
