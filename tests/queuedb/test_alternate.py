@@ -10,6 +10,7 @@ each message acknowledged to a client arrived exactly once, in the client's orde
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -53,9 +54,11 @@ class Cluster:
     def kill9(self) -> None:
         """SIGKILL the postmaster and all its children at once (an OS-level crash of the server)."""
         pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)  # no new backend from here on: the list below is complete
         victims = [pid, *_children(pid)]
         for victim in victims:
-            os.kill(victim, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+                os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 30  # only stops a hung test
         while any(_alive(v) for v in victims):
             assert time.monotonic() < deadline, f"PostgreSQL processes {victims} outlived SIGKILL"
