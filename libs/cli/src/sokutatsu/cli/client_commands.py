@@ -356,8 +356,7 @@ def bench_queuedb(
     quick: Annotated[bool, typer.Option("--quick", help="Shorter phases, for a smoke run of about a minute.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
 ) -> None:
-    """Queue-db: enqueue vs a raw insert (pgbench), SDK enqueue and batches, transfer 1PC vs 2PC, remote
-    enqueue with alternating durability vs durable on both nodes."""
+    """Queue-db: enqueue vs raw insert, SDK enqueue and batches, transfer 1PC vs 2PC, alternating durability."""
     import os  # noqa: PLC0415 - only for this command
 
     from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
