@@ -14,12 +14,10 @@ import contextlib
 import logging
 import os
 import random
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +99,6 @@ class Pair:
     service2: Node
     daemon: Node
     address1: str
-    processes: list[Node] = field(default_factory=list)
 
     def start_all(self) -> None:
         for node in (self.service2, self.service1, self.daemon):
@@ -124,10 +121,9 @@ def _cluster(folder: Path, name: str) -> Cluster:
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Pair]:
+def pair(tmp_path: Path, pg_tmp_folder: Path) -> Iterator[Pair]:
     """Two clusters, both nodes' services and node 1's transfer daemon (not started)."""
-    folder = Path(tempfile.mkdtemp(prefix="sokutatsu-test-alt-"))
-    folder.chmod(0o755)  # as root the clusters run as postgres
+    folder = pg_tmp_folder  # as root the clusters run as postgres: not under tmp_path
     clusters: list[Cluster] = []
     try:
         clusters.append(_cluster(folder, "node1"))
@@ -173,7 +169,6 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
     finally:
         for cluster in clusters:
             cluster.pg.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -111,19 +111,15 @@ def test_the_migrate_command_brings_an_application_database_to_the_latest_versio
     create_database(pg_dsn, name)
     dsn = database_dsn(pg_dsn, name)
     try:
-        first = subprocess.run(
-            [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", dsn],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        again = subprocess.run(
-            [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", dsn],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        first, again = (
+            subprocess.run(
+                [sys.executable, "-m", "sokutatsu.cli", "queuedb", "migrate", "--dsn", dsn],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            for _ in range(2)
         )
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = current_version(conn)

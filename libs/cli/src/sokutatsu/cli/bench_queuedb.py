@@ -450,16 +450,11 @@ def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes,
 @contextlib.contextmanager
 def two_clusters() -> Iterator[tuple[str, str]]:
     """Two embedded clusters of our own (each node its own WAL and flushes), migrated; removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="sokutatsu-bench-qdb-nodes-"))
-    folder.chmod(0o755)  # as root the clusters run as postgres
-    try:
-        with EmbeddedPostgres(folder / "node1") as one, EmbeddedPostgres(folder / "node2") as two:
-            for pg in (one, two):
-                with psycopg.connect(pg.dsn, autocommit=True) as conn:
-                    migrate(conn)
-            yield one.dsn, two.dsn
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with postgres(None, "embedded") as one, postgres(None, "embedded") as two:
+        for server in (one, two):
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                migrate(conn)
+        yield one.dsn, two.dsn
 
 
 def _wal_syncs(dsn: str) -> int:
