@@ -144,6 +144,10 @@ class _RunAs:
     gid: int
 
 
+# util-linux's setpriv (in every Debian install): runs a program as another user.
+_SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+
+
 def _run_as() -> _RunAs | None:
     """The user to run PostgreSQL as when we are root; None = ourselves."""
     if os.geteuid() != 0:
@@ -220,6 +224,17 @@ class EmbeddedPostgres:
 
     # -- helpers ---------------------------------------------------------------
     @property
+    def _as_postgres(self) -> list[str]:
+        """The prefix that runs a program as the postgres user when we are root.
+
+        setpriv changes user in the child after exec, rather than Popen(user=...) between fork
+        and exec: with a user change Python must fork() (not vfork()), and a fork() while gRPC's
+        threads are busy runs gRPC's fork handlers in the child, which can crash it before exec."""
+        who = self._who
+        if who is None:
+            return []
+        return [_SETPRIV, f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--"]
+    @property
     def log_file(self) -> Path:
         return self.data_dir / "server.log"
 
@@ -239,19 +254,15 @@ class EmbeddedPostgres:
         server's state is known afterwards) or killed (``initdb``), and the
         interruption propagates.
         """
-        who = self._who
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(  # noqa: S603 - fixed binaries, built here
-                [str(self.bindir / args[0]), *args[1:]],
+                [*self._as_postgres, str(self.bindir / args[0]), *args[1:]],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
                 cwd="/",
                 env={**os.environ, "LC_ALL": "C", "LANG": "C"},
                 start_new_session=True,
-                user=who.uid if who else None,
-                group=who.gid if who else None,
-                extra_groups=[] if who else None,
             )
             try:
                 code = proc.wait()
