@@ -70,6 +70,80 @@ def delivery_latency(spans: list[SpanRec], window_ns: int) -> dict[tuple[str, st
     return result
 
 
+def _timed_links(spans: list[SpanRec]) -> list[tuple[str, str, int, int, float, float]]:
+    """Every link with a latency: (subscriber, topic, messages, publish time, latency ms, worst ms)."""
+    sends = {(s.trace_id, s.span_id): s for s in spans if _op(s) == "send"}
+    out = []
+    for span in spans:
+        if _op(span) != "process":
+            continue
+        for link in span.links:
+            count = int(link.attributes["sokutatsu.seq.last"]) - int(link.attributes["sokutatsu.seq.first"]) + 1
+            if "sokutatsu.receive_time_unix_nano" in link.attributes:
+                published = int(link.attributes["sokutatsu.publish_time_unix_nano"])
+                latency = (int(link.attributes["sokutatsu.receive_time_unix_nano"]) - published) / 1e6
+                worst = max(latency, int(link.attributes["sokutatsu.latency_max_ns"]) / 1e6)
+            else:
+                send = sends.get((link.trace_id, link.span_id))
+                if send is None:
+                    continue
+                published, latency = send.start_ns, (span.start_ns - send.start_ns) / 1e6
+                worst = latency
+            out.append(
+                (
+                    str(span.attributes["messaging.consumer.group.name"]),
+                    str(span.attributes["messaging.destination.name"]),
+                    count,
+                    published,
+                    latency,
+                    worst,
+                )
+            )
+    return out
+
+
+def switchover_comparison(spans: list[SpanRec], phase_ns: int) -> dict[tuple[str, str], dict[str, object]]:
+    """(switchover span id hex, subscriber) -> messages per phase, the before mean and worst, and the
+    other phases' means and worsts relative to the before mean; from one latency per message."""
+    links = _timed_links(spans)
+    result: dict[tuple[str, str], dict[str, object]] = {}
+    for switchover in (s for s in spans if s.name == "switchover"):
+        topic, moved = switchover.attributes["sokutatsu.topic"], switchover.attributes["sokutatsu.subscriber_id"]
+        start, end = switchover.start_ns, switchover.end_ns
+        latencies: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        worst: dict[str, dict[str, float]] = defaultdict(dict)
+        for subscriber, link_topic, count, published, latency, largest in links:
+            if link_topic != topic:
+                continue
+            if start - phase_ns <= published < start:
+                phase = "before"
+            elif start <= published <= end:
+                phase = "during"
+            elif end < published <= end + phase_ns:
+                phase = "after"
+            else:
+                continue
+            latencies[subscriber][phase].extend([latency] * count)
+            worst[subscriber][phase] = max(worst[subscriber].get(phase, largest), largest)
+        for subscriber, phases in latencies.items():
+            means = {phase: sum(values) / len(values) for phase, values in phases.items()}
+            base = means.get("before")
+            row: dict[str, object] = {
+                "role": "moved" if subscriber == moved else "normal",
+                "before_messages": len(phases.get("before", [])),
+                "during_messages": len(phases.get("during", [])),
+                "after_messages": len(phases.get("after", [])),
+                "before_mean_ms": base,
+                "before_worst_ms": worst[subscriber].get("before"),
+            }
+            for phase in ("during", "after"):
+                has = base is not None and base > 0 and phase in means
+                row[f"{phase}_mean"] = means[phase] / base if has and base else None
+                row[f"{phase}_worst"] = worst[subscriber][phase] / base if has and base else None
+            result[f"{switchover.span_id:016x}", subscriber] = row
+    return result
+
+
 def loss_audit(spans: list[SpanRec]) -> dict[tuple[str, str], dict[str, int]]:
     """(subscriber, topic) -> sent, processed, lost, duplicates, unsent, from sets of (publisher, seq)."""
     sent: dict[str, set[tuple[str, int]]] = defaultdict(set)

@@ -118,3 +118,21 @@ def test_sequencer_fills_match_the_reference(traces: tuple[TraceSet, SpanRead]) 
     assert actual.keys() == expected.keys()
     for key, values in expected.items():
         assert {k: actual[key][k] for k in values} == values, key
+
+
+@pytest.mark.parametrize("phase_seconds", [1.0, 0.3])
+def test_switchover_comparison_matches_the_reference(traces: tuple[TraceSet, SpanRead], phase_seconds: float) -> None:
+    trace_set, read = traces
+    expected = reference.switchover_comparison(trace_set.spans, round(phase_seconds * 1e9))
+    rows = transforms.switchover_comparison(read.spans, phase_seconds).collect()
+    actual = {(r["span_id"], r["subscriber"]): r.asDict() for r in rows}
+    assert actual.keys() == expected.keys()
+    # The generated trace sets must exercise every phase and both roles, or the check says little.
+    assert {r["role"] for r in expected.values()} == {"moved", "normal"}
+    assert all(any(r[f"{p}_messages"] for r in expected.values()) for p in transforms.PHASES)
+    for key, values in expected.items():
+        for column, value in values.items():
+            if isinstance(value, float):
+                assert math.isclose(actual[key][column], value, rel_tol=1e-9), (key, column)
+            else:
+                assert actual[key][column] == value, (key, column)

@@ -58,6 +58,8 @@ class TraceSet:
     duplicated: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     # sends left out of the traces (as if sampled out): their messages are "unsent" for the audit
     missing_sends: int = 0
+    # topic -> the subscribers that process it
+    subscribers: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
 
 class _Ids:
@@ -115,6 +117,7 @@ def generate(seed: int, *, publishers: int = 3, subscribers: int = 3, topics: in
     for s in range(subscribers):
         subscriber = f"sub-{s}"
         for topic in rng.sample(topic_names, rng.randint(1, topics)):
+            out.subscribers[topic].append(subscriber)
             messages = sorted(by_topic[topic], key=lambda m: (m.send.start_ns, m.publisher, m.seq))
             delivered: list[_Message] = []
             i = 0
@@ -224,13 +227,16 @@ STEPS = ("position", "accept", "redirect", "release")
 
 
 def _switchovers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
+    """Switchovers of subscribers of the busiest topic, some slow enough to have messages published during them."""
+    topic = max(sorted(out.subscribers), key=lambda t: len(out.subscribers[t]))
     for k in range(rng.randint(3, 8)):
         trace_id, span_id = ids.trace(), ids.span()
         start = T0 + rng.randint(0, 5000) * MS
         t = start + rng.randint(10, 500) * 1000
         steps = STEPS if rng.random() > 0.1 else STEPS[: rng.randint(0, 3)]
+        slow = rng.random() < 0.3
         for step in steps:
-            duration = rng.randint(100, 4000) * 1000
+            duration = rng.randint(100, 4000) * 1000 + (rng.randint(50, 400) * MS if slow else 0)
             out.spans.append(
                 SpanRec(trace_id, ids.span(), span_id, f"switchover.{step}", SpanKind.INTERNAL, t, t + duration,
                         "sokutatsu-monitor")
@@ -241,8 +247,8 @@ def _switchovers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
                 trace_id, span_id, None, "switchover", SpanKind.INTERNAL, start, t + rng.randint(10, 500) * 1000,
                 "sokutatsu-monitor",
                 {
-                    "sokutatsu.switchover.id": k + 1, "sokutatsu.subscriber_id": f"sub-{k % 3}",
-                    "sokutatsu.topic": "topic.0", "sokutatsu.from_broker": "a", "sokutatsu.to_broker": "b",
+                    "sokutatsu.switchover.id": k + 1, "sokutatsu.subscriber_id": rng.choice(out.subscribers[topic]),
+                    "sokutatsu.topic": topic, "sokutatsu.from_broker": "a", "sokutatsu.to_broker": "b",
                     "sokutatsu.reason": "SLOW", "sokutatsu.depth": rng.randint(100, 9000),
                     "sokutatsu.threshold": 5000.5, "sokutatsu.switchover.moved": True,
                 },

@@ -54,6 +54,7 @@ def analyze(
     out: Path,
     *,
     window_seconds: float = 1.0,
+    phase_seconds: float = 10.0,
     progress: Callable[[str], None] = lambda _: None,
 ) -> AnalysisResult:
     """Analyse every span under ``traces`` into ``out``; raises ``NoSpansError`` when there is none."""
@@ -70,6 +71,11 @@ def analyze(
             ("loss_audit", "loss/duplicate audit", transforms.loss_audit(read.spans)),
             ("dependency_graph", "service dependency graph", transforms.dependency_graph(read.spans)),
             ("switchover_steps", "switchover steps", transforms.switchover_steps(read.spans)),
+            (
+                "switchover_comparison",
+                "latency before, during and after switchovers",
+                transforms.switchover_comparison(read.spans, phase_seconds),
+            ),
             ("transfers", "queue-db transfers", transforms.transfers(read.spans)),
             ("sequencer_fills", "sequencer distributions and fillers", transforms.sequencer_fills(read.spans)),
         ]
@@ -82,6 +88,7 @@ def analyze(
             tables,
             out,
             window_seconds=window_seconds,
+            phase_seconds=phase_seconds,
             source=traces,
             counts={
                 "spans": read.span_count,

@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from pyspark.sql import Row
 
-__all__ = ["audit_plot", "latency_plot", "switchover_plot"]
+__all__ = ["audit_plot", "comparison_plot", "latency_plot", "switchover_plot"]
 
 _MAX_SERIES = 10  # lines per panel of the latency figure; the busiest subscribers are drawn
+_MAX_BARS = 30  # rows of the switchover comparison drawn; the table has them all
 _STEP_ORDER = ("position", "accept", "redirect", "release", "detect")
 
 
@@ -108,5 +109,32 @@ def audit_plot(rows: list[Row], path: Path) -> None:
         ax.set_title(f"Loss/duplicate audit ({processed} messages processed against {sent} expected)")
         ax.legend(fontsize="small")
         ax.grid(visible=True, axis="y", alpha=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def comparison_plot(rows: list[Row], path: Path) -> None:
+    """Each subscriber's mean and worst latency during and after a switchover, relative to before (Tables 6-7)."""
+    fig, axes = plt.subplots(2, 1, figsize=(10, 8), sharex=True, layout="constrained")
+    shown = [r for r in rows if r["before_mean_ms"]][:_MAX_BARS]
+    if not shown:
+        for ax in axes:
+            _empty(ax, "no switchover with messages published before it in these traces")
+    else:
+        labels = [f"{r['switchover_id'] or '?'} {r['subscriber']}\n({r['role']})" for r in shown]
+        width = 0.4
+        for ax, measure in zip(axes, ("mean", "worst"), strict=True):
+            for i, phase in enumerate(("during", "after")):
+                heights = [r[f"{phase}_{measure}"] or 0.0 for r in shown]
+                positions = [k + (i - 0.5) * width for k in range(len(shown))]
+                ax.bar(positions, heights, width=width, label=phase)
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+            ax.set_ylabel(f"{measure} / mean before")
+            ax.grid(visible=True, axis="y", alpha=0.3)
+            ax.legend(fontsize="small")
+        axes[-1].set_xticks(range(len(shown)), labels, fontsize="x-small")
+        axes[-1].set_xlabel("switchover id, subscriber (role)")
+        more = "" if len(rows) <= _MAX_BARS else f" (the first {_MAX_BARS} of {len(rows)} rows)"
+        axes[0].set_title(f"Latency during and after each switchover, relative to the mean before{more}")
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -122,6 +122,16 @@ _EXPLANATIONS = {
         " (<code>sequencer.fill</code>: skip markers or dummy messages, seed \u00a73.3) and the slots they filled"
         " for the domain's share or to show a new distribution."
     ),
+    "switchover_comparison": (
+        "Seed 000's Tables 6 and 7 from the traces: for each switchover, every subscriber of its topic"
+        " (<b>moved</b>: the one switched; <b>normal</b>: the others), with the messages by publish time in"
+        " three phases: <b>before</b> the {phase}s before the switchover started, <b>during</b> it, <b>after</b>"
+        " the {phase}s after it ended. before_mean_ms and before_worst_ms are in milliseconds; the other"
+        " means and worsts are relative to before_mean_ms, as the seed reports them (1.0: as before the"
+        " switchover). A run of messages counts once per message with its first message's latency; a phase's"
+        " worst is the largest latency of its runs. The slow-down that caused a switchover is before it, so"
+        " a moved subscriber's before is already slow."
+    ),
     "switchover_steps": (
         "Every <code>switchover</code> span of the monitor and its <code>switchover.{{step}}</code> children, as"
         " in seed 000's Fig. 8: the bars stack the steps' durations, the black tick is the whole switchover"
@@ -132,6 +142,7 @@ _FIGURES = {
     "delivery_latency": "latency.png",
     "loss_audit": "audit.png",
     "switchover_steps": "switchover_steps.png",
+    "switchover_comparison": "switchover_comparison.png",
 }
 
 _STYLE = """
@@ -144,7 +155,9 @@ img { max-width: 100%; border: 1px solid #eee; } .note, .files { color: #555; fo
 """
 
 
-def _html(tables: list[Table], *, window_seconds: float, source: str, counts: Mapping[str, int]) -> str:
+def _html(
+    tables: list[Table], *, window_seconds: float, phase_seconds: float, source: str, counts: Mapping[str, int]
+) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     summary = (
         f"{counts['spans']} spans from {counts['lines']} lines of <code>{html.escape(source)}</code>;"
@@ -154,7 +167,7 @@ def _html(tables: list[Table], *, window_seconds: float, source: str, counts: Ma
     for table in tables:
         figure = _FIGURES.get(table.name)
         image = f"<p><img src='{figure}' alt='{html.escape(table.title)}'></p>" if figure else ""
-        explanation = _EXPLANATIONS[table.name].format(window=f"{window_seconds:g}")
+        explanation = _EXPLANATIONS[table.name].format(window=f"{window_seconds:g}", phase=f"{phase_seconds:g}")
         sections.append(
             f"<h2 id='{table.name}'>{html.escape(table.title.capitalize())}</h2>\n"
             f"<p>{explanation}</p>\n{image}\n{_html_table(table)}"
@@ -170,7 +183,13 @@ def _html(tables: list[Table], *, window_seconds: float, source: str, counts: Ma
 
 
 def write_report(
-    tables: list[Table], out: Path, *, window_seconds: float, source: str, counts: Mapping[str, int]
+    tables: list[Table],
+    out: Path,
+    *,
+    window_seconds: float,
+    phase_seconds: float,
+    source: str,
+    counts: Mapping[str, int],
 ) -> Path:
     """Each table as ``<name>.parquet`` and ``<name>.csv``, the figures as PNG, and ``report.html``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -181,6 +200,8 @@ def write_report(
     plots.latency_plot(by_name.get("delivery_latency", []), out / _FIGURES["delivery_latency"])
     plots.audit_plot(by_name.get("loss_audit", []), out / _FIGURES["loss_audit"])
     plots.switchover_plot(by_name.get("switchover_steps", []), out / _FIGURES["switchover_steps"])
+    plots.comparison_plot(by_name.get("switchover_comparison", []), out / _FIGURES["switchover_comparison"])
     report = out / "report.html"
-    report.write_text(_html(tables, window_seconds=window_seconds, source=source, counts=counts), encoding="utf-8")
+    page = _html(tables, window_seconds=window_seconds, phase_seconds=phase_seconds, source=source, counts=counts)
+    report.write_text(page, encoding="utf-8")
     return report

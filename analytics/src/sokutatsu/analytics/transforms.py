@@ -13,12 +13,14 @@ from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
 __all__ = [
     "PERCENTILES",
+    "PHASES",
     "delivery_latency",
     "dependency_graph",
     "loss_audit",
     "message_runs",
     "sent_ranges",
     "sequencer_fills",
+    "switchover_comparison",
     "switchover_steps",
     "transfers",
 ]
@@ -107,6 +109,33 @@ def message_runs(spans: DataFrame) -> DataFrame:
     return runs.where(F.col("messages") > 0)
 
 
+def _timed_runs(spans: DataFrame) -> DataFrame:
+    """Message runs with their timing: the first message's latency and the run's worst.
+
+    A link with the SDK's publish and receive times gives ``received - published``; one without
+    them gives the process span's start minus its send span's start (left out when the send span
+    is not in the traces). Columns: subscriber, topic, messages, published_ns, at_ns (the receive
+    time, else the process span's start), latency_ms, worst_ms.
+    """
+    sends = sent_ranges(spans).select(
+        F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
+    )
+    runs = message_runs(spans).join(sends, ["send_trace_id", "send_span_id"], "left")
+    timed = F.col("received_ns").isNotNull() & F.col("published_ns").isNotNull()
+    latency = F.when(timed, (F.col("received_ns") - F.col("published_ns")) / _NS_PER_MS).otherwise(
+        (F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS
+    )
+    return runs.select(
+        "subscriber",
+        "topic",
+        "messages",
+        F.when(timed, F.col("published_ns")).otherwise(F.col("send_start_ns")).alias("published_ns"),
+        F.when(timed, F.col("received_ns")).otherwise(F.col("process_start_ns")).alias("at_ns"),
+        latency.alias("latency_ms"),
+        F.greatest(latency, F.col("worst_ns") / _NS_PER_MS).alias("worst_ms"),
+    ).where(F.col("latency_ms").isNotNull())
+
+
 def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
     """Delivery latency per subscriber, topic and time window.
 
@@ -119,23 +148,8 @@ def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
     window_ns = round(window_seconds * 1e9)
     if window_ns <= 0:
         raise ValueError(f"window_seconds must be positive, not {window_seconds}")
-    sends = sent_ranges(spans).select(
-        F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
-    )
-    runs = message_runs(spans).join(sends, ["send_trace_id", "send_span_id"], "left")
-    at = F.coalesce(F.col("received_ns"), F.col("process_start_ns"))
-    latency = F.when(
-        F.col("received_ns").isNotNull() & F.col("published_ns").isNotNull(),
-        (F.col("received_ns") - F.col("published_ns")) / _NS_PER_MS,
-    ).otherwise((F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS)
-    timed = runs.select(
-        "subscriber",
-        "topic",
-        (at - F.pmod(at, F.lit(window_ns))).alias("window_start_ns"),
-        "messages",
-        latency.alias("latency_ms"),
-        F.greatest(latency, F.col("worst_ns") / _NS_PER_MS).alias("worst_ms"),
-    ).where(F.col("latency_ms").isNotNull())
+    at = F.col("at_ns")
+    timed = _timed_runs(spans).withColumn("window_start_ns", at - F.pmod(at, F.lit(window_ns)))
     grouped = timed.groupBy("subscriber", "topic", "window_start_ns").agg(
         F.sum("messages").alias("messages"),
         *_percentile_columns(F.col("latency_ms"), "ms", F.col("messages")),
@@ -145,6 +159,73 @@ def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
     return table.select(
         "subscriber", "topic", "window_start_ns", "window_seconds", "messages", "p50_ms", "p95_ms", "p99_ms", "max_ms"
     ).orderBy("subscriber", "topic", "window_start_ns")
+
+
+#: The phases of :func:`switchover_comparison`, in order.
+PHASES = ("before", "during", "after")
+
+
+def switchover_comparison(spans: DataFrame, phase_seconds: float) -> DataFrame:
+    """Each subscriber's latency before, during and after each switchover of its topic (seed 000's Tables 6-7).
+
+    Messages are placed by their publish time, as in the seed: *before* is what was published in
+    the ``phase_seconds`` before the switchover span started, *during* what was published while it
+    ran, *after* what was published in the ``phase_seconds`` after it ended. A run counts once per
+    message with its first message's latency (as in :func:`delivery_latency`); a phase's worst is
+    the largest latency of its runs. One row per switchover and subscriber that processed anything
+    of the switchover's topic in those phases; ``role`` is ``moved`` for the switched subscriber
+    and ``normal`` for the others. Columns: switchover_id, span_id, start_ns, topic, moved_subscriber,
+    subscriber, role, before_messages, during_messages, after_messages, before_mean_ms,
+    before_worst_ms, and relative to before_mean_ms (as the seed's tables): during_mean,
+    after_mean, during_worst, after_worst (null when a phase has no message, or before has none).
+    """
+    phase_ns = round(phase_seconds * 1e9)
+    if phase_ns <= 0:
+        raise ValueError(f"phase_seconds must be positive, not {phase_seconds}")
+    switchovers = spans.where(F.col("name") == "switchover").select(
+        F.col("span_id").alias("switchover_span_id"),
+        _attr("sokutatsu.switchover.id").alias("switchover_id"),
+        _attr("sokutatsu.topic").alias("topic"),
+        _attr("sokutatsu.subscriber_id").alias("moved_subscriber"),
+        F.col("start_ns").alias("s_start_ns"),
+        F.col("end_ns").alias("s_end_ns"),
+    )
+    runs = _timed_runs(spans)
+    published = F.col("published_ns")
+    phase = (
+        F.when((published >= F.col("s_start_ns") - phase_ns) & (published < F.col("s_start_ns")), "before")
+        .when((published >= F.col("s_start_ns")) & (published <= F.col("s_end_ns")), "during")
+        .when((published > F.col("s_end_ns")) & (published <= F.col("s_end_ns") + phase_ns), "after")
+    )
+    placed = runs.join(F.broadcast(switchovers), "topic").withColumn("phase", phase).where(F.col("phase").isNotNull())
+    keys = ["switchover_span_id", "switchover_id", "s_start_ns", "topic", "moved_subscriber", "subscriber"]
+    per_phase = (
+        placed.groupBy(*keys)
+        .pivot("phase", list(PHASES))
+        .agg(
+            F.sum("messages").alias("messages"),
+            (F.sum(F.col("latency_ms") * F.col("messages")) / F.sum("messages")).alias("mean"),
+            F.max("worst_ms").alias("worst"),
+        )
+    )
+    before_mean = F.col("before_mean")
+
+    def relative(column: str) -> Column:
+        return F.when(before_mean > 0, F.col(column) / before_mean)
+
+    return per_phase.select(
+        "switchover_id",
+        F.col("switchover_span_id").alias("span_id"),
+        F.col("s_start_ns").alias("start_ns"),
+        "topic",
+        "moved_subscriber",
+        "subscriber",
+        F.when(F.col("subscriber") == F.col("moved_subscriber"), "moved").otherwise("normal").alias("role"),
+        *[F.coalesce(F.col(f"{p}_messages"), F.lit(0)).alias(f"{p}_messages") for p in PHASES],
+        before_mean.alias("before_mean_ms"),
+        F.col("before_worst").alias("before_worst_ms"),
+        *[relative(column).alias(column) for column in ("during_mean", "after_mean", "during_worst", "after_worst")],
+    ).orderBy("start_ns", "span_id", "role", "subscriber")
 
 
 def _merged(ranges: DataFrame, keys: list[str]) -> DataFrame:

@@ -25,10 +25,19 @@ def analyze(
     window_seconds: Annotated[
         float, typer.Option("--window-seconds", help="Length of the delivery-latency windows.")
     ] = 1.0,
+    phase_seconds: Annotated[
+        float,
+        typer.Option(
+            "--phase-seconds",
+            help="How far before and after each switchover the before/after comparison looks (publish times).",
+        ),
+    ] = 10.0,
 ) -> None:
-    """Analyse traces with Spark: delivery latency, loss/duplicate audit, service graph, switchover steps."""
+    """Analyse traces with Spark: latency, loss audit, service graph, switchovers, transfers, sequencers."""
     if window_seconds <= 0:
         raise typer.BadParameter("must be positive", param_hint="--window-seconds")
+    if phase_seconds <= 0:
+        raise typer.BadParameter("must be positive", param_hint="--phase-seconds")
     from sokutatsu.analytics.job import analyze as run_job  # noqa: PLC0415 - Spark only for this command
     from sokutatsu.analytics.job import spark_session  # noqa: PLC0415
     from sokutatsu.analytics.reader import NoSpansError  # noqa: PLC0415
@@ -45,7 +54,9 @@ def analyze(
     progress(f"starting Spark ({master})" if ours else "using the running Spark session")
     spark = spark_session(master)
     try:
-        result = run_job(spark, traces, out, window_seconds=window_seconds, progress=progress)
+        result = run_job(
+            spark, traces, out, window_seconds=window_seconds, phase_seconds=phase_seconds, progress=progress
+        )
     except NoSpansError as exc:
         err.print(f"sokutatsu: error: {exc}", markup=False)
         raise typer.Exit(1) from None
