@@ -1,0 +1,80 @@
+"""A member of ``sokutatsu demo``'s total-order group, in a process of its own.
+
+    python -m sokutatsu.cli.demo_order_member BROKERS TOPIC MEMBER_ID
+
+It subscribes with an :class:`~sokutatsu.client.OrderedSubscriber` (durable, so it must
+run before the group's first distribution is published) and prints ``ready``. Each order
+it receives is appended, in the order it receives them, to a list of ``[domain, seq]``.
+``end N`` on standard input makes it stop once it holds N orders (or after
+``END_LIMIT_SECONDS``); it then prints one JSON line: that list, the first orders' bodies
+as it printed them, and the error that stopped it, if any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sokutatsu.cli.bench_common import stdin_words
+from sokutatsu.client import OrderedSubscriber
+from sokutatsu.core.telemetry import setup_telemetry
+
+CONNECT_LIMIT_SECONDS = 30.0
+END_LIMIT_SECONDS = 60.0
+SHOWN = 5
+
+
+async def main(argv: list[str]) -> dict[str, Any]:
+    brokers, topic, member = argv[0].split(","), argv[1], argv[2]
+    trace_dir = os.environ.get("SOKUTATSU_TRACE_DIR")
+    telemetry = setup_telemetry("demo", member, Path(trace_dir) if trace_dir else None)
+    order: list[tuple[str, int]] = []
+    shown: list[str] = []
+    expected: list[int] = []
+    enough = asyncio.Event()
+    error = ""
+
+    async def read(sub: OrderedSubscriber) -> None:
+        async for message in sub:
+            order.append((message.stamp.domain, message.stamp.seq))
+            if len(shown) < SHOWN:
+                shown.append(message.body.decode(errors="replace"))
+            if expected and len(order) >= expected[0]:
+                enough.set()
+                return
+
+    async def steer() -> None:
+        async for line in stdin_words():
+            word, _, n = line.partition(" ")
+            if word == "end":
+                expected.append(int(n))
+                if len(order) >= expected[0]:
+                    enough.set()
+                return
+
+    sub = OrderedSubscriber(brokers, member, topic)
+    await sub.start()
+    try:
+        await asyncio.wait_for(sub.subscriber.connected.wait(), CONNECT_LIMIT_SECONDS)
+        reading, steering = asyncio.create_task(read(sub)), asyncio.create_task(steer())
+        print("ready", flush=True)  # noqa: T201 - protocol with the parent process
+        await steering
+        waiting = asyncio.create_task(enough.wait())
+        await asyncio.wait([waiting, reading], timeout=END_LIMIT_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        for task in (reading, waiting):
+            task.cancel()
+        outcome, _ = await asyncio.gather(reading, waiting, return_exceptions=True)
+        if isinstance(outcome, Exception):
+            error = repr(outcome)
+    finally:
+        await sub.close()
+        telemetry.shutdown()
+    return {"order": order, "shown": shown, "error": error}
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(sys.argv[1:]))))  # noqa: T201 - the result, for the parent process
