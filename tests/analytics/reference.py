@@ -286,3 +286,62 @@ def sequencer_fills(spans: list[SpanRec]) -> dict[tuple[str, int], dict[str, int
             r["dummy_fills"] += 1
             r["dummy_slots"] += int(span.attributes["sokutatsu.fill.slots"])
     return rows
+
+
+def sequencer_domains(spans: list[SpanRec]) -> dict[str, dict[str, float | int | None]]:
+    """domain -> the sequencer_domains table's columns, from one latency per stamp request."""
+    names = {"sequencer.stamp", "sequencer.fill", "sequencer.install_distribution"}
+    rows: dict[str, dict[str, float | int | None]] = {}
+    latencies: dict[str, list[float]] = defaultdict(list)
+    publishers: dict[str, set[str]] = defaultdict(set)
+    distributions: dict[str, set[int]] = defaultdict(set)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for span in spans:
+        if span.name not in names:
+            continue
+        domain = str(span.attributes["sokutatsu.domain"])
+        first[domain] = min(first.get(domain, span.start_ns), span.start_ns)
+        last[domain] = max(last.get(domain, span.end_ns), span.end_ns)
+        r = rows.setdefault(domain, dict.fromkeys(SEQUENCER_DOMAIN_COUNTS, 0))
+        if span.name == "sequencer.stamp":
+            publishers[domain].add(str(span.attributes["messaging.client.id"]))
+            r["stamp_requests"] = int(r["stamp_requests"] or 0) + int(span.attributes["sokutatsu.stamp.requests"])
+            r["stamped_messages"] = int(r["stamped_messages"] or 0) + int(
+                span.attributes["messaging.batch.message_count"]
+            )
+            values = span.attributes["sokutatsu.stamp.latency_ns"]
+            assert isinstance(values, list)
+            latencies[domain].extend(ns / 1e6 for ns in values)
+        elif span.name == "sequencer.install_distribution":
+            distributions[domain].add(int(span.attributes["sokutatsu.distribution.id"]))
+        else:
+            kind = "skip" if span.attributes["sokutatsu.fill.kind"] == "skip" else "dummy"
+            count, slots = ("skip_markers", "skip_slots") if kind == "skip" else ("dummy_fills", "dummy_slots")
+            r[count] = int(r[count] or 0) + 1
+            r[slots] = int(r[slots] or 0) + int(span.attributes["sokutatsu.fill.slots"])
+    for domain, r in rows.items():
+        r["publishers"] = len(publishers[domain])
+        r["distributions"] = len(distributions[domain])
+        if latencies[domain]:
+            r.update(summary(latencies[domain]))
+        seconds = (last[domain] - first[domain]) / 1e9
+        r["seconds"] = seconds
+        r["skip_markers_per_s"] = int(r["skip_markers"] or 0) / seconds if seconds > 0 else None
+        r["dummy_fills_per_s"] = int(r["dummy_fills"] or 0) / seconds if seconds > 0 else None
+        fillers = int(r["skip_slots"] or 0) + int(r["dummy_slots"] or 0)
+        total = fillers + int(r["stamped_messages"] or 0)
+        r["filler_share"] = fillers / total if total else None
+    return rows
+
+
+SEQUENCER_DOMAIN_COUNTS = (
+    "publishers",
+    "stamp_requests",
+    "stamped_messages",
+    "distributions",
+    "skip_markers",
+    "skip_slots",
+    "dummy_fills",
+    "dummy_slots",
+)

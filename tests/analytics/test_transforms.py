@@ -41,7 +41,7 @@ def test_every_span_is_read_once(traces: tuple[TraceSet, SpanRead]) -> None:
     assert read.incomplete_spans == 0
     assert read.spans.select("span_id").distinct().count() == len(trace_set.spans)
     kinds = {row["kind"] for row in read.spans.select("kind").distinct().collect()}
-    assert kinds == {"PRODUCER", "CONSUMER", "SERVER", "INTERNAL"}
+    assert kinds == {"PRODUCER", "CONSUMER", "SERVER", "CLIENT", "INTERNAL"}
 
 
 @pytest.mark.parametrize("window_seconds", [1.0, 0.25, 3.0])
@@ -136,3 +136,18 @@ def test_switchover_comparison_matches_the_reference(traces: tuple[TraceSet, Spa
                 assert math.isclose(actual[key][column], value, rel_tol=1e-9), (key, column)
             else:
                 assert actual[key][column] == value, (key, column)
+
+
+def test_sequencer_domains_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    trace_set, read = traces
+    expected = reference.sequencer_domains(trace_set.spans)
+    actual = {r["domain"]: r.asDict() for r in transforms.sequencer_domains(read.spans).collect()}
+    assert actual.keys() == expected.keys() == {"a", "b", "quiet"}
+    assert actual["quiet"]["stamp_requests"] == 0
+    assert actual["quiet"]["p50_ms"] is None
+    for domain, values in expected.items():
+        for column, value in values.items():
+            if isinstance(value, float):
+                assert math.isclose(actual[domain][column], value, rel_tol=1e-9), (domain, column)
+            else:
+                assert actual[domain][column] == value, (domain, column)

@@ -13,6 +13,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -25,7 +26,9 @@ from sokutatsu.core.telemetry import spans_to_otlp_json
 T0 = 1_700_000_000 * 1_000_000_000  # ns
 MS = 1_000_000
 
-Attrs = dict[str, str | int | float | bool]
+# OpenTelemetry attribute values: str, int, float, bool or a homogeneous list of them. (Any: the
+# reference reads them as what it knows they are, without a cast per attribute.)
+Attrs = dict[str, Any]
 
 
 @dataclass
@@ -292,7 +295,7 @@ def _transfers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
 
 
 def _sequencers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
-    """Sequencers' distribution installs and fillers (docs/tracing.md)."""
+    """Sequencers' distribution installs and fillers, and the ordered publishers' stamps (docs/tracing.md)."""
     for domain in ("a", "b", "quiet"):
         kind = "dummy" if domain == "quiet" and rng.random() < 0.5 else "skip"
         t = T0
@@ -303,6 +306,17 @@ def _sequencers(rng: random.Random, ids: _Ids, out: TraceSet) -> None:
                                          SpanKind.INTERNAL, t, t, f"sokutatsu-sequencer-{domain}",
                                          {"sokutatsu.domain": domain, "sokutatsu.distribution.id": distribution,
                                           "sokutatsu.distribution.weights": "[]"}))  # fmt: skip
+            if domain != "quiet":  # the ordered publishers' stamp requests, a span per window
+                for publisher in range(rng.randint(1, 2)):
+                    latencies = [rng.randint(50, 20_000) * 1000 for _ in range(rng.randint(1, 30))]
+                    messages = sum(rng.randint(1, 9) for _ in latencies)
+                    out.spans.append(SpanRec(ids.trace(), ids.span(), None, "sequencer.stamp", SpanKind.CLIENT, t,
+                                             t + 100 * MS, f"app-feed-{domain}{publisher}",
+                                             {"sokutatsu.domain": domain, "sokutatsu.distribution.id": distribution,
+                                              "messaging.client.id": f"feed-{domain}{publisher}",
+                                              "sokutatsu.stamp.requests": len(latencies),
+                                              "messaging.batch.message_count": messages,
+                                              "sokutatsu.stamp.latency_ns": latencies}))  # fmt: skip
             for _ in range(rng.randint(0, 5)):
                 slots = 1 if kind == "dummy" else rng.randint(1, 400)
                 out.spans.append(SpanRec(ids.trace(), ids.span(), None, "sequencer.fill", SpanKind.INTERNAL, t,

@@ -77,6 +77,11 @@ def analyze(
                 transforms.switchover_comparison(read.spans, phase_seconds),
             ),
             ("transfers", "queue-db transfers", transforms.transfers(read.spans)),
+            (
+                "sequencer_domains",
+                "sequencer stamping and fillers per domain",
+                transforms.sequencer_domains(read.spans),
+            ),
             ("sequencer_fills", "sequencer distributions and fillers", transforms.sequencer_fills(read.spans)),
         ]
         tables = []

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from pyspark.sql import Row
 
-__all__ = ["audit_plot", "comparison_plot", "latency_plot", "switchover_plot"]
+__all__ = ["audit_plot", "comparison_plot", "latency_plot", "sequencer_plot", "switchover_plot", "transfers_plot"]
 
 _MAX_SERIES = 10  # lines per panel of the latency figure; the busiest subscribers are drawn
 _MAX_BARS = 30  # rows of the switchover comparison drawn; the table has them all
@@ -136,5 +136,64 @@ def comparison_plot(rows: list[Row], path: Path) -> None:
         axes[-1].set_xlabel("switchover id, subscriber (role)")
         more = "" if len(rows) <= _MAX_BARS else f" (the first {_MAX_BARS} of {len(rows)} rows)"
         axes[0].set_title(f"Latency during and after each switchover, relative to the mean before{more}")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _percentile_bars(ax: Axes, rows: list[Row], labels: list[str], title: str) -> None:
+    width = 0.27
+    for i, column in enumerate(("p50_ms", "p95_ms", "p99_ms")):
+        positions = [k + (i - 1) * width for k in range(len(rows))]
+        ax.bar(positions, [r[column] or 0.0 for r in rows], width=width, label=column.removesuffix("_ms"))
+    ax.scatter(range(len(rows)), [r["max_ms"] or 0.0 for r in rows], marker="_", s=200, color="black", label="max")
+    ax.set_xticks(range(len(rows)), labels, fontsize="small")
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    ax.grid(visible=True, axis="y", alpha=0.3)
+
+
+def transfers_plot(rows: list[Row], path: Path) -> None:
+    """Per queue-db link and protocol: batch duration percentiles, and batches, resends and recoveries."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    if not rows:
+        for ax in axes:
+            _empty(ax, "no transfer daemon spans in these traces")
+    else:
+        labels = [f"{r['from_node']}\u2192{r['to_node']}\n{r['mode']}" for r in rows]
+        _percentile_bars(axes[0], rows, labels, "Transfer batch duration (sending to the receiver's answer)")
+        width = 0.2
+        for i, column in enumerate(("batches", "resent_batches", "unconfirmed_batches", "recoveries")):
+            positions = [k + (i - 1.5) * width for k in range(len(rows))]
+            bars = axes[1].bar(positions, [r[column] for r in rows], width=width, label=column)
+            axes[1].bar_label(bars, fontsize="x-small")
+        axes[1].set_xticks(range(len(rows)), labels, fontsize="small")
+        axes[1].set_title("Batches, resends and recoveries")
+        axes[1].legend(fontsize="small")
+        axes[1].grid(visible=True, axis="y", alpha=0.3)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sequencer_plot(rows: list[Row], path: Path) -> None:
+    """Per sequencer domain: stamping latency percentiles, and the share of filler slots."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    if not rows:
+        for ax in axes:
+            _empty(ax, "no sequencer spans in these traces")
+    else:
+        labels = [str(r["domain"]) for r in rows]
+        _percentile_bars(axes[0], rows, labels, "Stamping latency (ordered publishers' round trips)")
+        shares = [100.0 * (r["filler_share"] or 0.0) for r in rows]
+        bars = axes[1].bar(range(len(rows)), shares, color="tab:gray")
+        axes[1].bar_label(
+            bars,
+            [f"{r['skip_markers']} skip, {r['dummy_fills']} dummy" for r in rows],
+            fontsize="x-small",
+        )
+        axes[1].set_xticks(range(len(rows)), labels, fontsize="small")
+        axes[1].set_ylabel("% of slots")
+        axes[1].set_title("Filler slots (skip markers and dummies) per domain")
+        axes[1].grid(visible=True, axis="y", alpha=0.3)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -116,6 +116,14 @@ _EXPLANATIONS = {
         " recoveries (<code>transfer.recover</code>: one per (re)connection) with what they settled: messages"
         " marked sent without resending (1PC), prepared batches aborted and finished (2PC)."
     ),
+    "sequencer_domains": (
+        "Per sequencer domain: the stamping latency the ordered publishers saw (<code>sequencer.stamp</code>"
+        " spans, one per window of a publisher's requests, carrying each request's round trip from writing it"
+        " to reading the stamped range; exact percentiles over the requests), the distinct distributions"
+        " installed, the fillers (skip markers and dummy messages, seed \u00a73.3) in all and per second of"
+        " the domain's traced period (first to last of its spans), and filler_share: the filler slots over"
+        " all slots (stamped messages and fillers), the extended ATOP's overhead for a quiet domain."
+    ),
     "sequencer_fills": (
         "Per sequencer domain and distribution: how many distributions it installed"
         " (<code>sequencer.install_distribution</code>), and the filler publishes"
@@ -143,6 +151,8 @@ _FIGURES = {
     "loss_audit": "audit.png",
     "switchover_steps": "switchover_steps.png",
     "switchover_comparison": "switchover_comparison.png",
+    "transfers": "transfers.png",
+    "sequencer_domains": "sequencer.png",
 }
 
 _STYLE = """
@@ -201,6 +211,8 @@ def write_report(
     plots.audit_plot(by_name.get("loss_audit", []), out / _FIGURES["loss_audit"])
     plots.switchover_plot(by_name.get("switchover_steps", []), out / _FIGURES["switchover_steps"])
     plots.comparison_plot(by_name.get("switchover_comparison", []), out / _FIGURES["switchover_comparison"])
+    plots.transfers_plot(by_name.get("transfers", []), out / _FIGURES["transfers"])
+    plots.sequencer_plot(by_name.get("sequencer_domains", []), out / _FIGURES["sequencer_domains"])
     report = out / "report.html"
     page = _html(tables, window_seconds=window_seconds, phase_seconds=phase_seconds, source=source, counts=counts)
     report.write_text(page, encoding="utf-8")

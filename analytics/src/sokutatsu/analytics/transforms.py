@@ -19,6 +19,7 @@ __all__ = [
     "loss_audit",
     "message_runs",
     "sent_ranges",
+    "sequencer_domains",
     "sequencer_fills",
     "switchover_comparison",
     "switchover_steps",
@@ -464,3 +465,99 @@ def sequencer_fills(spans: DataFrame) -> DataFrame:
     )
     columns = ["installs", "skip_markers", "skip_slots", "dummy_fills", "dummy_slots"]
     return installs.join(fills, keys, "full_outer").fillna(0, columns).select(*keys, *columns).orderBy(*keys)
+
+
+_INT_ARRAY = "struct<values: array<struct<intValue: string>>>"  # an OTLP/JSON arrayValue of ints
+
+
+def sequencer_domains(spans: DataFrame) -> DataFrame:
+    """Per sequencer domain: stamping latency seen by the ordered publishers, and the fillers' rates.
+
+    From ``sequencer.stamp`` spans (the SDK's: one per window of a publisher's stamp requests,
+    each request's round trip in ``sokutatsu.stamp.latency_ns``), ``sequencer.fill`` and
+    ``sequencer.install_distribution`` spans (docs/tracing.md). Columns: domain, publishers,
+    stamp_requests, stamped_messages, p50_ms, p95_ms, p99_ms, max_ms (round trips), distributions
+    (distinct ids installed), skip_markers, skip_slots, dummy_fills, dummy_slots, seconds (first
+    to last span of the domain), skip_markers_per_s, dummy_fills_per_s, filler_share (filler slots
+    over all slots: stamped messages and fillers; null without any).
+    """
+    domain = _attr("sokutatsu.domain").alias("domain")
+    stamps = spans.where(F.col("name") == "sequencer.stamp")
+    latencies = stamps.select(
+        domain,
+        F.explode(
+            F.transform(F.from_json(_attr("sokutatsu.stamp.latency_ns"), _INT_ARRAY)["values"], lambda v: v["intValue"])
+        ).alias("latency_ns"),
+    ).select("domain", (F.col("latency_ns").cast("long") / _NS_PER_MS).alias("latency_ms"))
+    stamping = _expand_percentiles(
+        latencies.groupBy("domain").agg(
+            *_percentile_columns(F.col("latency_ms"), "ms"), F.max("latency_ms").alias("max_ms")
+        ),
+        "ms",
+    )
+    stamp_counts = (
+        stamps.select(
+            domain,
+            _attr(CLIENT_ID).alias("publisher"),
+            _attr("sokutatsu.stamp.requests").cast("long").alias("requests"),
+            _attr("messaging.batch.message_count").cast("long").alias("messages"),
+        )
+        .groupBy("domain")
+        .agg(
+            F.countDistinct("publisher").alias("publishers"),
+            F.sum("requests").alias("stamp_requests"),
+            F.sum("messages").alias("stamped_messages"),
+        )
+    )
+    fills = (
+        spans.where(F.col("name") == "sequencer.fill")
+        .select(
+            domain,
+            _attr("sokutatsu.fill.kind").alias("kind"),
+            _attr("sokutatsu.fill.slots").cast("long").alias("slots"),
+        )
+        .groupBy("domain")
+        .agg(
+            F.count(F.when(F.col("kind") == "skip", 1)).alias("skip_markers"),
+            F.sum(F.when(F.col("kind") == "skip", F.col("slots")).otherwise(0)).alias("skip_slots"),
+            F.count(F.when(F.col("kind") == "dummy", 1)).alias("dummy_fills"),
+            F.sum(F.when(F.col("kind") == "dummy", F.col("slots")).otherwise(0)).alias("dummy_slots"),
+        )
+    )
+    installs = (
+        spans.where(F.col("name") == "sequencer.install_distribution")
+        .select(domain, _attr("sokutatsu.distribution.id").alias("distribution_id"))
+        .groupBy("domain")
+        .agg(F.countDistinct("distribution_id").alias("distributions"))
+    )
+    period = (
+        spans.where(F.col("name").isin("sequencer.stamp", "sequencer.fill", "sequencer.install_distribution"))
+        .select(domain, "start_ns", "end_ns")
+        .groupBy("domain")
+        .agg(((F.max("end_ns") - F.min("start_ns")) / 1e9).alias("seconds"))
+    )
+    counts = ["publishers", "stamp_requests", "stamped_messages", "distributions"]
+    fillers = ["skip_markers", "skip_slots", "dummy_fills", "dummy_slots"]
+    joined = (
+        period.join(stamp_counts, "domain", "left")
+        .join(stamping, "domain", "left")
+        .join(installs, "domain", "left")
+        .join(fills, "domain", "left")
+        .fillna(0, [*counts, *fillers])
+    )
+    slots = F.col("stamped_messages") + F.col("skip_slots") + F.col("dummy_slots")
+    seconds = F.col("seconds")
+    return joined.select(
+        "domain",
+        *counts[:3],
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "max_ms",
+        "distributions",
+        *fillers,
+        "seconds",
+        F.when(seconds > 0, F.col("skip_markers") / seconds).alias("skip_markers_per_s"),
+        F.when(seconds > 0, F.col("dummy_fills") / seconds).alias("dummy_fills_per_s"),
+        F.when(slots > 0, (F.col("skip_slots") + F.col("dummy_slots")) / slots).alias("filler_share"),
+    ).orderBy("domain")

@@ -6,6 +6,9 @@ to the SDK within ``WINDOW_SECONDS``; each gets the span's context as its ``trac
 written to a broker, carrying the publisher sequence numbers it covers, which are dense (a topic
 change opens a new span).
 
+Ordered publisher: a ``sequencer.stamp`` CLIENT span per window of stamp requests to the
+domain's sequencer, carrying every request's round trip (the stamping latency) as an array.
+
 Subscriber: a ``process {topic}`` CONSUMER span per window of batches the SDK accepted, with one
 link per run of consecutive messages that share a creation context, carrying the run's sequence
 numbers and the publish and arrival times of its first message and its largest latency: the
@@ -261,6 +264,69 @@ class ProcessSpans:
         context = _parse(header)
         self._contexts[header] = context
         return context
+
+
+# Round trips one stamp span carries at most; a busier window ends its span early.
+MAX_STAMPS = 1000
+STAMP_LATENCIES = "sokutatsu.stamp.latency_ns"
+
+
+class StampSpans:
+    """The ordered publisher's stamp requests: a ``sequencer.stamp`` span per window, with each
+    request's round trip from writing the request to reading the stamped range."""
+
+    def __init__(self, client_id: str, sequencer: str) -> None:
+        self.tracer = _tracer()
+        self.attributes: dict[str, str] = {
+            "rpc.system": "grpc",
+            "rpc.service": "sokutatsu.sequencer.v1.Sequencer",
+            "rpc.method": "Stamp",
+            "server.address": sequencer,
+            CLIENT_ID: client_id,
+        }
+        self._latencies: list[int] = []
+        self._messages = 0
+        self._domain = ""
+        self._distribution = 0
+        self._started_ns = 0
+        self._ended_ns = 0
+
+    def stamped(self, domain: str, distribution_id: int, messages: int, sent_ns: int, received_ns: int) -> None:
+        """Count one answered request: ``messages`` stamped by ``domain``'s sequencer."""
+        if self._latencies and domain != self._domain:
+            self.flush()  # a span is one domain's
+        if not self._started_ns:
+            self._started_ns = sent_ns
+            asyncio.get_running_loop().call_later(WINDOW_SECONDS, self.flush)
+        self._domain, self._distribution = domain, distribution_id
+        self._latencies.append(received_ns - sent_ns)
+        self._messages += messages
+        self._ended_ns = received_ns
+        if len(self._latencies) >= MAX_STAMPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """End the window's span (its timer, a full window, a domain change or the publisher closing)."""
+        if not self._latencies:
+            self._started_ns = 0
+            return
+        span = self.tracer.start_span(
+            "sequencer.stamp",
+            kind=SpanKind.CLIENT,
+            attributes={
+                **self.attributes,
+                "sokutatsu.domain": self._domain,
+                "sokutatsu.distribution.id": self._distribution,
+                "sokutatsu.stamp.requests": len(self._latencies),
+                "messaging.batch.message_count": self._messages,
+                STAMP_LATENCIES: self._latencies,
+            },
+            start_time=self._started_ns,
+        )
+        span.end(end_time=self._ended_ns)
+        self._latencies = []
+        self._messages = 0
+        self._started_ns = 0
 
 
 def _parse(header: str) -> SpanContext | None:

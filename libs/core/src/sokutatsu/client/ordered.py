@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client._tracing import StampSpans, tracing_on
 from sokutatsu.client.errors import ClientError, Closed
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
@@ -94,6 +96,7 @@ class OrderedPublisher:
         self._failure: Exception | None = None
         self._closed = False
         self._request_id = 0
+        self._stamps: StampSpans | None = None  # set by start() when tracing is on
         self.ranges = 0
 
     async def __aenter__(self) -> OrderedPublisher:
@@ -108,6 +111,8 @@ class OrderedPublisher:
     async def start(self) -> None:
         if self._own_publisher:
             await self.publisher.start()
+        if tracing_on():
+            self._stamps = StampSpans(self.client_id, self.sequencer)
         self._task = asyncio.create_task(self._run(), name=f"ordered-publisher-{self.client_id}")
 
     async def close(self) -> None:
@@ -119,6 +124,8 @@ class OrderedPublisher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._stamps is not None:
+            self._stamps.flush()
         if self._own_publisher:
             await self.publisher.close()
 
@@ -210,6 +217,7 @@ class OrderedPublisher:
                 domain=self.domain,
                 published=self._take_unreported(),
             )
+            sent_ns = time.time_ns() if self._stamps is not None else 0
             await write_frame(call, request)
             try:
                 response = await asyncio.wait_for(call.read(), self.stamp_timeout)
@@ -226,6 +234,9 @@ class OrderedPublisher:
             if not isinstance(response, sequencer_pb2.StampResponse):  # pragma: no cover - typed by the stub
                 raise StreamEnded
             backoff.reset()
+            if self._stamps is not None:
+                stamped = response.range
+                self._stamps.stamped(stamped.domain, stamped.distribution_id, len(batch), sent_ns, time.time_ns())
             for _ in batch:
                 self._queue.popleft()
             self._publish_range(response.range, batch)
