@@ -111,19 +111,29 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def trace_spans(folder: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(name, attributes) of every span in the OTLP/JSON-lines files under ``folder``."""
+def raw_spans(folder: Path) -> list[dict[str, Any]]:
+    """Every span in the OTLP/JSON-lines files under ``folder``, as its JSON object, with its
+    ``attributes`` as a dict of values."""
     found = []
     for path in folder.glob("*.jsonl"):
         for line in path.read_text().splitlines():
             for resource in json.loads(line)["resourceSpans"]:
                 for scope in resource["scopeSpans"]:
                     for span in scope["spans"]:
-                        attributes = {a["key"]: _attribute_value(a["value"]) for a in span.get("attributes", [])}
-                        found.append((span["name"], attributes))
+                        span["attributes"] = {
+                            a["key"]: _attribute_value(a["value"]) for a in span.get("attributes", [])
+                        }
+                        found.append(span)
     return found
+
+
+def trace_spans(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(name, attributes) of every span in the OTLP/JSON-lines files under ``folder``."""
+    return [(span["name"], span["attributes"]) for span in raw_spans(folder)]
 
 
 def _attribute_value(value: dict[str, Any]) -> Any:
     kind, raw = next(iter(value.items()))
+    if kind == "arrayValue":
+        return [_attribute_value(v) for v in raw.get("values", [])]
     return int(raw) if kind == "intValue" else raw

@@ -3,9 +3,12 @@ batches keep their order, the schema migrates once, unknown queues and oversized
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,6 +25,7 @@ from sokutatsu.queuedb.enqueue import (
     enqueue_batch_async,
 )
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
+from tests.helpers import raw_spans
 from tests.queuedb.fix_queuedb import NodeDatabase
 
 
@@ -140,3 +144,77 @@ def test_the_migrate_command_brings_an_application_database_to_the_latest_versio
     )
     assert bad.returncode == 1
     assert "cannot migrate" in bad.stdout
+
+
+TRACED_APP = """
+import json, os, sys
+from pathlib import Path
+import psycopg
+from opentelemetry import trace
+from sokutatsu.core.telemetry import setup_telemetry
+from sokutatsu.queuedb.enqueue import Message, QueueNotFound, enqueue, enqueue_batch
+
+telemetry = setup_telemetry("shop", "app", Path(os.environ["SOKUTATSU_TRACE_DIR"]))
+with psycopg.connect(sys.argv[1]) as conn, trace.get_tracer("shop").start_as_current_span("checkout") as checkout:
+    one = enqueue(conn, "orders", b"one", {"desk": "fx"})
+    given = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    batch = enqueue_batch(conn, "orders", [Message(b"two"), Message(b"three", given)])
+    conn.commit()
+    enqueue(conn, "orders", b"rolled back")
+    conn.rollback()
+    try:
+        enqueue(conn, "nowhere", b"x")
+    except QueueNotFound:
+        conn.rollback()
+    context = checkout.get_span_context()
+telemetry.shutdown()
+ids = {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+print(json.dumps({"one": one, "batch": batch, **ids}))
+"""
+
+
+def test_enqueues_are_traced_as_send_spans_under_the_callers_span_and_messages_carry_their_context(
+    node_database: NodeDatabase, tmp_path: Path
+) -> None:
+    """An application process with an OpenTelemetry SDK (its own process: the test session has none)."""
+    dsn = node_database()
+    _create(dsn, "orders")
+    traces = tmp_path / "traces"
+    run = subprocess.run(
+        [sys.executable, "-c", TRACED_APP, dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "SOKUTATSU_TRACE_DIR": str(traces)},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    app = json.loads(run.stdout)
+    spans = [s for s in raw_spans(traces) if s["name"].startswith("send ")]
+    by_queue = {}
+    for span in spans:
+        by_queue.setdefault(span["attributes"]["messaging.destination.name"], []).append(span)
+    orders = sorted(by_queue["orders"], key=lambda s: int(s["startTimeUnixNano"]))
+    assert [s["attributes"]["messaging.batch.message_count"] for s in orders] == [1, 2, 1]
+    assert all(s["parentSpanId"] == app["span_id"] and s["traceId"] == app["trace_id"] for s in spans)
+    assert (
+        orders[0]["attributes"]["sokutatsu.queuedb.first_id"],
+        orders[1]["attributes"]["sokutatsu.queuedb.last_id"],
+    ) == (
+        app["one"],
+        app["batch"][-1],
+    )
+    # The unknown queue's span failed, and says so.
+    (nowhere,) = by_queue["nowhere"]
+    assert nowhere["status"].get("code") == 2
+    # Each committed message carries its send span's context, unless the caller gave one.
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT body, headers FROM sokutatsu.messages ORDER BY seq").fetchall()
+    expected = [
+        (b"one", f"00-{app['trace_id']}-{orders[0]['spanId']}"),
+        (b"two", f"00-{app['trace_id']}-{orders[1]['spanId']}"),
+        (b"three", "00-" + "1" * 32 + "-" + "2" * 16),
+    ]
+    # (The flags after the ids: sampled, and the SDK's random-trace-id bit.)
+    assert [(bytes(body), headers["traceparent"].rsplit("-", 1)[0]) for body, headers in rows] == expected
+    assert rows[0][1]["desk"] == "fx"

@@ -6,6 +6,10 @@ the caller's business update. Nothing is sent anywhere: a queue with a transfer 
 its message in the outbox, and the transfer daemon moves it after the commit (woken at
 once by ``NOTIFY`` for an immediate queue; NOTIFY is delivered only on commit).
 
+Traced (docs/tracing.md) when an OpenTelemetry SDK tracer provider is installed: a
+``send {queue}`` PRODUCER span per call, a child of the caller's current span, and each
+message's headers carry its context as ``traceparent`` (unless the caller set one).
+
 Both functions have an ``async`` twin taking a ``psycopg.AsyncConnection``. A message to a
 local queue is one round trip (a plain ``INSERT ... SELECT``), a batch too (arrays unnested
 server-side, in order); a single message to a forwarding queue takes two.
@@ -13,12 +17,17 @@ server-side, in order); a single message to a forwarding queue takes two.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+
+from sokutatsu.client._tracing import SYSTEM, TRACEPARENT, tracing_on
 
 # The channel the transfer daemon listens on; the payload is the receiving node's name.
 TRANSFER_CHANNEL = "sokutatsu_transfer"
@@ -90,6 +99,44 @@ RETURNING seq
 """
 
 
+@contextlib.contextmanager
+def _traced(queue: str, messages: Sequence[Message]) -> Iterator[tuple[Sequence[Message], Span | None]]:
+    """The messages as they are to be written, and the ``send {queue}`` span while tracing is on."""
+    if not tracing_on():
+        yield messages, None
+        return
+    tracer = trace.get_tracer("sokutatsu.queuedb")
+    attributes: dict[str, str | int] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": queue,
+        "messaging.batch.message_count": len(messages),
+        "messaging.message.body.size": sum(len(m.body) for m in messages),
+        "db.system": "postgresql",
+    }
+    with tracer.start_as_current_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes) as span:
+        context = span.get_span_context()
+        header = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+        yield (
+            [
+                m
+                if m.headers and TRACEPARENT in m.headers
+                else replace(m, headers={**(m.headers or {}), TRACEPARENT: header})
+                for m in messages
+            ],
+            span,
+        )
+
+
+def _ids(span: Span | None, ids: list[int]) -> list[int]:
+    """Record the ids the enqueue got on its span."""
+    if span is not None and ids:
+        span.set_attribute("sokutatsu.queuedb.first_id", ids[0])
+        span.set_attribute("sokutatsu.queuedb.last_id", ids[-1])
+    return ids
+
+
 def _params(
     queue: str, messages: Sequence[Message], immediate: bool | None, flush: int = FLUSH_BOTH
 ) -> dict[str, object]:
@@ -140,19 +187,21 @@ def enqueue(
     """Enqueue one message in ``conn``'s current transaction; return its id (its ``seq`` in a
     local queue, its outbox id in a forwarding one). ``immediate``: wake the transfer daemon on
     commit (True), leave it to the queue's deferred thresholds (False), or as the queue says (None)."""
-    message = Message(body, headers, key)
-    row = conn.execute(_ENQUEUE_LOCAL, _one(queue, message)).fetchone()
-    if row is not None:
-        return int(row[0])
-    return enqueue_batch(conn, queue, [message], immediate=immediate)[0]
+    with _traced(queue, [Message(body, headers, key)]) as ([message], span):
+        row = conn.execute(_ENQUEUE_LOCAL, _one(queue, message)).fetchone()
+        if row is None:
+            row = conn.execute(_ENQUEUE, _params(queue, [message], immediate)).fetchone()
+            return _ids(span, _result(queue, row))[0]
+        return _ids(span, [int(row[0])])[0]
 
 
 def enqueue_batch(
     conn: psycopg.Connection[Any], queue: str, messages: Sequence[Message], *, immediate: bool | None = None
 ) -> list[int]:
     """Enqueue ``messages`` in order, in one round trip, in ``conn``'s current transaction."""
-    row = conn.execute(_ENQUEUE, _params(queue, messages, immediate)).fetchone()
-    return _result(queue, row)
+    with _traced(queue, messages) as (written, span):
+        row = conn.execute(_ENQUEUE, _params(queue, written, immediate)).fetchone()
+        return _ids(span, _result(queue, row))
 
 
 async def enqueue_async(
@@ -165,12 +214,13 @@ async def enqueue_async(
     immediate: bool | None = None,
 ) -> int:
     """:func:`enqueue` on an ``AsyncConnection``."""
-    message = Message(body, headers, key)
-    cursor = await conn.execute(_ENQUEUE_LOCAL, _one(queue, message))
-    row = await cursor.fetchone()
-    if row is not None:
-        return int(row[0])
-    return (await enqueue_batch_async(conn, queue, [message], immediate=immediate))[0]
+    with _traced(queue, [Message(body, headers, key)]) as ([message], span):
+        cursor = await conn.execute(_ENQUEUE_LOCAL, _one(queue, message))
+        row = await cursor.fetchone()
+        if row is None:
+            cursor = await conn.execute(_ENQUEUE, _params(queue, [message], immediate))
+            return _ids(span, _result(queue, await cursor.fetchone()))[0]
+        return _ids(span, [int(row[0])])[0]
 
 
 async def enqueue_batch_async(
@@ -184,5 +234,6 @@ async def enqueue_batch_async(
     """:func:`enqueue_batch` on an ``AsyncConnection``. ``flush`` (forwarding queues only): where
     the messages are made durable, ``FLUSH_*``; the queue-db API's alternating durability sets it,
     and then commits accordingly (an application's own transaction keeps the default)."""
-    cursor = await conn.execute(_ENQUEUE, _params(queue, messages, immediate, flush))
-    return _result(queue, await cursor.fetchone())
+    with _traced(queue, messages) as (written, span):
+        cursor = await conn.execute(_ENQUEUE, _params(queue, written, immediate, flush))
+        return _ids(span, _result(queue, await cursor.fetchone()))
