@@ -1,0 +1,69 @@
+# syntax=docker/dockerfile:1
+# Sokutatsu images (see docs/docker.md; docker-compose.yml builds both targets):
+#   runtime    every service (python -m sokutatsu.<service>) and the sokutatsu command
+#   analytics  runtime plus a Java 17 runtime for Spark (sokutatsu analyze)
+# The workspace is installed from uv.lock exactly (uv sync --locked), without the dev tools.
+
+# The same interpreter path in every stage: the virtual environment is copied, not rebuilt.
+# Bookworm because it ships openjdk-17-jre-headless (the analytics stage).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ------------------------------------------------------------------ builder --
+FROM ${PYTHON_IMAGE} AS builder
+# The uv that writes uv.lock in this repository (make setup installs the same line).
+COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
+# Compile bytecode at build time (the runtime's venv is read-only for the service user);
+# copy, not hard-link, out of the cache mount; never download an interpreter.
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PROJECT_ENVIRONMENT=/app/.venv
+WORKDIR /src
+
+# 1. Third-party dependencies only: this layer is rebuilt when uv.lock or a pyproject.toml changes.
+COPY pyproject.toml uv.lock .python-version ./
+COPY libs/core/pyproject.toml libs/core/
+COPY libs/cli/pyproject.toml libs/cli/
+COPY services/broker/pyproject.toml services/broker/
+COPY services/monitor/pyproject.toml services/monitor/
+COPY services/sequencer/pyproject.toml services/sequencer/
+COPY services/queue-db/pyproject.toml services/queue-db/
+COPY analytics/pyproject.toml analytics/
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --locked --no-dev --no-editable --no-install-workspace
+
+# 2. The workspace members, installed as wheels (--no-editable), so the venv needs no source tree.
+COPY libs/ libs/
+COPY services/ services/
+COPY analytics/ analytics/
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --locked --no-dev --no-editable
+
+# ------------------------------------------------------------------ runtime --
+FROM ${PYTHON_IMAGE} AS runtime
+# A fixed, unprivileged user. The folders that docker-compose.yml mounts volumes on are created
+# here and owned by it: Docker gives a new named volume the ownership of its mount point.
+RUN groupadd --system --gid 10001 sokutatsu \
+    && useradd --system --uid 10001 --gid sokutatsu --create-home --home-dir /home/sokutatsu sokutatsu \
+    && mkdir -p /state /traces /reports \
+    && chown sokutatsu:sokutatsu /state /traces /reports
+# Owned by root: the service user can run it, not change it.
+COPY --from=builder /app/.venv /app/.venv
+ENV PATH=/app/.venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+USER sokutatsu
+WORKDIR /home/sokutatsu
+# docker-compose.yml gives each service its command (python -m sokutatsu.<service>).
+CMD ["sokutatsu", "--help"]
+
+# ---------------------------------------------------------------- analytics --
+FROM runtime AS analytics
+USER root
+# pyspark 4 needs Java 17 or later. Slim images lack the man folder the JRE's package
+# registers its pages in, so it is created first.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+USER sokutatsu
+CMD ["sokutatsu", "analyze", "--traces", "/traces", "--out", "/reports"]
