@@ -33,7 +33,7 @@ from sokutatsu.cli.demo_market import DemoFailure, Desks, MarketConfig, market_d
 from sokutatsu.cli.demo_order import OrderConfig, order_group, run_orders
 from sokutatsu.cli.demo_queue import QueueConfig, recoveries, run_queue
 from sokutatsu.cli.demo_suite import DemoSuite, clear_previous_run, demo_topology, reset_databases
-from sokutatsu.cli.demo_summary import Outcome, print_summary
+from sokutatsu.cli.demo_summary import Outcome, print_summary, write_summary
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import LauncherSettings
 from sokutatsu.core.embedded_pg import PostgresSettings, provide_postgres
@@ -150,8 +150,10 @@ def _guarded(  # noqa: PLR0917 - the command's options, passed through
         _analyze(traces, out, outcome, clock)
     outcome.analysis_skipped = not analyze
     outcome.seconds = time.monotonic() - clock.started
-    console.print(f"logs: {state_dir / 'logs'}   traces: {traces}")
-    return 1 if print_summary(console, outcome) else 0
+    console.print(f"logs: {state_dir / 'logs'}   traces: {traces}   summary: {out / 'summary.json'}")
+    bad = print_summary(console, outcome)
+    write_summary(out / "summary.json", outcome, bad)
+    return 1 if bad else 0
 
 
 async def _run(cfg: DemoConfig, suite: DemoSuite, outcome: Outcome, signals: StopSignals, clock: Clock) -> bool:

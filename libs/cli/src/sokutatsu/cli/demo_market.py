@@ -35,6 +35,8 @@ SLOW = monitor_pb2.SWITCHOVER_REASON_SLOW
 RECOVERED = monitor_pb2.SWITCHOVER_REASON_RECOVERED
 STATUS_EVERY_SECONDS = 3.0
 SYMBOLS_SEED, FEED_SEED = 9, 10
+# The feed's first second (connections opening, first batches) is left out of the latency phases.
+WARM_UP_NS = 1_000_000_000
 Progress = Callable[[str], None]
 
 
@@ -125,6 +127,7 @@ class MarketResult:
     sent: int
     desks: list[DeskResult]
     slow_desk: str
+    feed_started_ns: int
     slow_at_ns: int
     fast_at_ns: int
     moves: list[Move]
@@ -298,6 +301,7 @@ async def run_market(
         progress(
             f"market: feed publishing {cfg.rate:,} ticks/s for {len(desks.symbols)} symbols to broker-a + broker-b"
         )
+        feed_started = time.time_ns()
         feeding = asyncio.create_task(feed.run())
         try:
             await _sleep_or_fail(cfg.warm_seconds, feeding)
@@ -335,6 +339,7 @@ async def run_market(
         sent=sent,
         desks=audits,
         slow_desk=slow.id,
+        feed_started_ns=feed_started,
         slow_at_ns=slow_at,
         fast_at_ns=fast_at,
         moves=moves,
@@ -374,7 +379,7 @@ def _latency_phases(result: MarketResult, normal: list[dict[str, Any]]) -> dict[
     moved_ns = away.started_ns + int(away.total_ms * 1e6) if away else result.slow_at_ns
     back_ns = back.started_ns + int(back.total_ms * 1e6) if back else result.fast_at_ns
     bounds = [
-        ("before", 0, result.slow_at_ns),
+        ("before", result.feed_started_ns + WARM_UP_NS, result.slow_at_ns),
         ("slow, on active", result.slow_at_ns, moved_ns),
         ("slow one on standby", moved_ns, back_ns),
         ("after its return", back_ns, 2**63),

@@ -163,7 +163,7 @@ async def _restart_when_killed(suite: DemoSuite, stop: asyncio.Event, crashes: l
         await asyncio.sleep(0.05)
     how = "SIGKILL" if process.returncode == -9 else f"exit status {process.returncode}"
     crashes.append(f"transfer-1 died ({how})")
-    progress(f"queue: transfer-1 died ({how}) at {TRANSFER_CRASH.partition('@')[0]}; starting it again")
+    progress(f"queue: transfer-1 died ({how}) after node 2 committed a batch, before node 1 marked it sent; restarting")
     new = await suite.restart("transfer-1", stop)
     crashes[-1] += ", restarted"
     progress(f"queue: transfer-1 running again (pid {new.pid}); it recovers from node 2's last received id")

@@ -7,7 +7,8 @@ that fails is named in the summary and makes the demo exit with status 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,19 @@ def _crash_line(q: QueueResult) -> str:
             f"{r['sokutatsu.transfer.marked_sent']} sent without sending them again"
         )
     return line
+
+
+def write_summary(path: Path, o: Outcome, bad: list[str]) -> None:
+    """The same figures as JSON (``OUT/summary.json``), for scripts and the demo's test."""
+    body = {
+        **asdict(o),
+        "delivered": o.delivered,
+        "lost": o.lost,
+        "duplicates": o.duplicates,
+        "failures": bad,
+        "passed": not bad,
+    }
+    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
 
 
 def print_summary(console: Console, o: Outcome) -> list[str]:
