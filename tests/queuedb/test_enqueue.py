@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -191,7 +192,7 @@ def test_enqueues_are_traced_as_send_spans_under_the_callers_span_and_messages_c
     assert run.returncode == 0, run.stderr[-3000:]
     app = json.loads(run.stdout)
     spans = [s for s in raw_spans(traces) if s["name"].startswith("send ")]
-    by_queue = {}
+    by_queue: dict[str, list[dict[str, Any]]] = {}
     for span in spans:
         by_queue.setdefault(span["attributes"]["messaging.destination.name"], []).append(span)
     orders = sorted(by_queue["orders"], key=lambda s: int(s["startTimeUnixNano"]))
