@@ -11,15 +11,28 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+from sokutatsu.cli.demo_market import DeskResult, DeskSpec, MarketResult, Move
+from sokutatsu.cli.demo_order import MemberResult, OrderResult
+from sokutatsu.cli.demo_queue import QueueResult
+from sokutatsu.cli.demo_summary import Outcome, failures
 
 # Only stops a hung run (the quick demo and Spark take about a minute and a half here); nothing is timed.
 RUN_LIMIT_SECONDS = 270.0
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)]
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _runs_the_demo(test: F) -> F:
+    """The marks of a test that needs the demo's run (the checks below need none)."""
+    for mark in (pytest.mark.e2e, pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(300)):
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +59,7 @@ def _summary(demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[st
     return summary
 
 
+@_runs_the_demo
 def test_the_demo_passes_with_nothing_lost_or_doubled(demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     summary = _summary(demo_run)
     assert summary["passed"], summary["failures"]
@@ -57,6 +71,7 @@ def test_the_demo_passes_with_nothing_lost_or_doubled(demo_run: tuple[subprocess
     assert "lost = 0 · duplicates = 0" in out
 
 
+@_runs_the_demo
 def test_every_desk_gets_exactly_what_its_filter_asks_for(
     demo_run: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
@@ -72,6 +87,7 @@ def test_every_desk_gets_exactly_what_its_filter_asks_for(
     assert all(d["expected"] < market["sent"] for d in desks.values())
 
 
+@_runs_the_demo
 def test_the_slow_desk_is_moved_to_the_standby_and_back(
     demo_run: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
@@ -90,6 +106,7 @@ def test_the_slow_desk_is_moved_to_the_standby_and_back(
     assert market["latency"]["before"]["messages"] > 0
 
 
+@_runs_the_demo
 def test_the_replicas_agree_on_one_order(demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     order = _summary(demo_run)["order"]
     assert order["agree"]
@@ -108,6 +125,7 @@ def test_the_replicas_agree_on_one_order(demo_run: tuple[subprocess.CompletedPro
         assert [seq for d, seq in first if d == domain] == sorted(numbers)
 
 
+@_runs_the_demo
 def test_order_events_cross_queue_db_exactly_once_through_the_daemon_crash(
     demo_run: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
@@ -121,6 +139,7 @@ def test_order_events_cross_queue_db_exactly_once_through_the_daemon_crash(
     assert any(r.get("sokutatsu.transfer.marked_sent", 0) > 0 for r in queue["recoveries"])
 
 
+@_runs_the_demo
 def test_the_traces_are_analysed_and_everything_stops(demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     summary = _summary(demo_run)
     run, folder = demo_run
@@ -131,16 +150,60 @@ def test_the_traces_are_analysed_and_everything_stops(demo_run: tuple[subprocess
     assert (folder / "out" / "loss_audit.csv").is_file()
     assert f"report: {report}" in run.stdout
     logs = folder / "state" / "demo" / "logs"
-    assert sorted(p.stem for p in logs.glob("*.log")) == [
-        "broker-a",
-        "broker-b",
-        "monitor",
-        "queuedb-1",
-        "queuedb-2",
-        "seq-a",
-        "seq-b",
-        "transfer-1",
-    ]
-    for log in logs.glob("*.log"):
-        assert "stopped" in log.read_text().splitlines()[-1], log
+    services = ["broker-a", "broker-b", "monitor", "queuedb-1", "queuedb-2", "seq-a", "seq-b", "transfer-1"]
+    assert sorted(p.stem for p in logs.glob("*.log")) == sorted([*services, "spark"])
+    for name in services:
+        assert "stopped" in (logs / f"{name}.log").read_text().splitlines()[-1], name
     assert not (folder / "state" / "demo" / "endpoints.json").exists()
+
+
+# ------------------------------------------------------------- the checks --
+# The summary's verdict on results the demo did not get: each failure is named (the demo then exits 1).
+def _passing() -> Outcome:
+    spec = DeskSpec("desk-quant", prefixes=("1",), mode="migrate")
+    desk = DeskResult(
+        spec, expected=10, received=10, lost=0, duplicates=0, unexpected=0, brokers=["broker-a"], gaps=0, error=""
+    )
+    moves = [
+        Move("SLOW", "broker-a", "broker-b", 2, 10.0, {}, depth=5, threshold=4),
+        Move("RECOVERED", "broker-b", "broker-a", 3, 10.0, {}, depth=0, threshold=4),
+    ]
+    market = MarketResult(
+        60, 800, 100, [desk], "desk-quant", feed_started_ns=0, slow_at_ns=1, fast_at_ns=2, moves=moves
+    )
+    replicas = [MemberResult(f"replica-{i}", [("a", 1), ("b", 1)], [], "") for i in (1, 2)]
+    order = OrderResult({"a": [1], "b": [1]}, replicas, lost=0, duplicates=0, agree=True)
+    queue = QueueResult(5, 1, 5, 0, 0, 0, business_rows=5, crashes=["transfer-1 died (SIGKILL), restarted"])
+    return Outcome(market=market, order=order, queue=queue, report=Path("report.html"), spans=10)
+
+
+def test_a_run_with_every_check_met_passes() -> None:
+    assert failures(_passing()) == []
+
+
+def test_a_loss_a_missing_switchover_a_disagreement_or_no_crash_fails_the_demo() -> None:
+    lost = _passing()
+    assert lost.market is not None
+    lost.market.desks[0].lost = 1
+    assert failures(lost) == ["desk-quant: lost 1, duplicates 0, outside its filter 0, gaps 0"]
+    assert lost.lost == 1
+
+    stayed = _passing()
+    assert stayed.market is not None
+    stayed.market.moves = stayed.market.moves[:1]
+    assert failures(stayed) == ["the monitor never moved desk-quant back"]
+
+    disagree = _passing()
+    assert disagree.order is not None
+    disagree.order.agree = False
+    assert failures(disagree) == ["the replicas disagree on the order"]
+
+    untested = _passing()
+    assert untested.queue is not None
+    untested.queue.crashes = []
+    assert failures(untested) == ["the transfer daemon never crashed: the exactly-once claim was not put to the test"]
+
+    cut_short = _passing()
+    cut_short.queue = None
+    cut_short.errors.append("queue: the transfer never settled")
+    assert failures(cut_short) == ["queue: the transfer never settled", "did not finish: queue"]

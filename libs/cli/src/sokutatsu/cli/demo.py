@@ -17,12 +17,13 @@ docs/demo.md explains the scenario and how to read the summary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -95,20 +96,53 @@ class Clock:
         console.print(text, markup=False)
 
 
+@dataclass(frozen=True)
+class Paths:
+    state_dir: Path  # <STATE_DIR>/demo: PostgreSQL, the services' state and logs
+    out: Path  # traces/, the analysis, summary.json
+
+    @property
+    def traces(self) -> Path:
+        return self.out / "traces"
+
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
+
 def run_demo(cfg: DemoConfig, *, auto_ports: bool, out: Path | None, analyze: bool) -> int:
     """The whole demo; returns the exit status (0 = every check passed)."""
     clock = Clock()
+    outcome = Outcome()
     with StopSignals() as signals:
         try:
-            return _guarded(cfg, auto_ports, out, analyze, signals, clock)
+            ran = _run_suite(cfg, auto_ports, out, outcome, signals, clock)
         except Interrupted:
             err.print(f"sokutatsu: interrupted by {signals.name}; everything started was stopped", markup=False)
             return 128 + (signals.received or signal.SIGTERM)
+    if isinstance(ran, int):
+        return ran
+    # Everything is stopped: from here Ctrl-C is Python's KeyboardInterrupt again.
+    if outcome.queue is not None:
+        outcome.queue.recoveries = recoveries(ran.traces)
+    outcome.analysis_skipped = not analyze
+    if analyze:
+        try:
+            _analyze(ran, outcome, clock)
+        except KeyboardInterrupt:
+            err.print("sokutatsu: interrupted during the analysis; everything was stopped", markup=False)
+            return 128 + signal.SIGINT
+    outcome.seconds = time.monotonic() - clock.started
+    console.print(f"logs: {ran.logs}   traces: {ran.traces}   summary: {ran.out / 'summary.json'}", markup=False)
+    bad = print_summary(console, outcome)
+    write_summary(ran.out / "summary.json", outcome, bad)
+    return 1 if bad else 0
 
 
-def _guarded(  # noqa: PLR0917 - the command's options, passed through
-    cfg: DemoConfig, auto_ports: bool, out: Path | None, analyze: bool, signals: StopSignals, clock: Clock
-) -> int:
+def _run_suite(  # noqa: PLR0917 - the command's options, passed through
+    cfg: DemoConfig, auto_ports: bool, out: Path | None, outcome: Outcome, signals: StopSignals, clock: Clock
+) -> Paths | int:
+    """PostgreSQL, the suite, the scenario, everything stopped again; the run's paths, or an exit status."""
     try:
         launcher, runtime, pg = load(LauncherSettings), load(RuntimeSettings), load(PostgresSettings)
     except SettingsError as exc:
@@ -116,17 +150,15 @@ def _guarded(  # noqa: PLR0917 - the command's options, passed through
         err.print(f"sokutatsu: error: {exc}", markup=False)
         return 2
     state_dir = launcher.state_dir.resolve() / "demo"
-    out = (out or state_dir / "out").resolve()
-    traces = out / "traces"
+    paths = Paths(state_dir, (out or state_dir / "out").resolve())
     pg_log = logging.getLogger("sokutatsu.core.embedded_pg")
     pg_log.setLevel(logging.INFO)
     pg_log.addHandler(logging.StreamHandler(sys.stdout))
-    outcome = Outcome()
     try:
         with state_lock(state_dir):
             clear_previous_run(state_dir)
-            traces.mkdir(parents=True, exist_ok=True)
-            for old in traces.glob("*.jsonl"):
+            paths.traces.mkdir(parents=True, exist_ok=True)
+            for old in paths.traces.glob("*.jsonl"):
                 old.unlink()
             with provide_postgres(state_dir, pg) as dsn:
                 topology = demo_topology(auto_ports)
@@ -135,25 +167,19 @@ def _guarded(  # noqa: PLR0917 - the command's options, passed through
                     prepare_databases(dsn, topology.first)
                 finally:
                     signals.calm()
-                os.environ["SOKUTATSU_TRACE_DIR"] = str(traces)  # every process of the run traces there
+                os.environ["SOKUTATSU_TRACE_DIR"] = str(paths.traces)  # every process of the run traces there
                 suite = DemoSuite(Suite(state_dir, dsn, True, runtime.grace_seconds), topology)
-                stopped_by = asyncio.run(_run(cfg, suite, outcome, signals, clock))
-                if stopped_by:
+                if asyncio.run(_run(cfg, suite, outcome, signals, clock)):
                     raise Interrupted
     except StartupError as exc:
         signals.calm()
         err.print(f"sokutatsu: error: {exc}", markup=False)
         return 1
-    if outcome.queue is not None:
-        outcome.queue.recoveries = recoveries(traces)
-    if analyze and outcome.market is not None:
-        _analyze(traces, out, outcome, clock)
-    outcome.analysis_skipped = not analyze
-    outcome.seconds = time.monotonic() - clock.started
-    console.print(f"logs: {state_dir / 'logs'}   traces: {traces}   summary: {out / 'summary.json'}")
-    bad = print_summary(console, outcome)
-    write_summary(out / "summary.json", outcome, bad)
-    return 1 if bad else 0
+    except PermissionError as exc:
+        signals.calm()
+        err.print(f"sokutatsu: error: cannot write {exc.filename}: permission denied", markup=False)
+        return 1
+    return paths
 
 
 async def _run(cfg: DemoConfig, suite: DemoSuite, outcome: Outcome, signals: StopSignals, clock: Clock) -> bool:
@@ -239,18 +265,36 @@ async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | BaseEx
         return exc
 
 
-def _analyze(traces: Path, out: Path, outcome: Outcome, clock: Clock) -> None:
+def _analyze(paths: Paths, outcome: Outcome, clock: Clock) -> None:
     """``sokutatsu analyze`` on the run's traces, in this process (Spark starts here)."""
     from sokutatsu.analytics.job import analyze, spark_session  # noqa: PLC0415 - Spark only when analysing
 
-    clock("analyze: starting Spark")
-    spark = spark_session()
+    spark_log = paths.logs / "spark.log"
+    clock(f"analyze: starting Spark (its JVM logs to {spark_log})")
+    with _stderr_to(spark_log):  # the JVM inherits it: its warnings go to the log, not between the demo's lines
+        spark = spark_session()
     try:
-        result = analyze(spark, str(traces), out, progress=lambda stage: clock(f"analyze: {stage}"))
+        result = analyze(spark, str(paths.traces), paths.out, progress=lambda stage: clock(f"analyze: {stage}"))
     except Exception as exc:  # noqa: BLE001 - reported in the summary
-        outcome.errors.append(f"analyze: {exc!r}")
+        outcome.errors.append(f"analyze: {exc}")
         return
     finally:
         spark.stop()
     outcome.report = result.report.resolve()
     outcome.spans = result.spans
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 points at ``path`` for the block (so do the processes started in it, for good)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with path.open("ab") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -59,7 +59,7 @@ def failures(o: Outcome) -> list[str]:
         bad += _order_failures(o.order)
     if o.queue is not None:
         bad += _queue_failures(o.queue)
-    if not o.analysis_skipped and o.report is None and o.market is not None:
+    if not o.analysis_skipped and o.report is None:
         bad.append("no report.html")
     return bad
 
