@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from sokutatsu.analytics import transforms
@@ -32,6 +33,7 @@ def spark_session(master: str = "local[*]", app_name: str = "sokutatsu-analyze")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "16")
+        .config("spark.sql.files.maxPartitionBytes", "32m")
         .config("spark.sql.adaptive.enabled", "true")
         .getOrCreate()
     )
@@ -65,16 +67,25 @@ def analyze(
         f"read {read.span_count} spans from {read.lines} lines"
         f" ({read.malformed_lines} malformed lines and {read.incomplete_spans} incomplete spans skipped)"
     )
+    # The sends and message runs three analyses share, built once (explode every link, join each to its send).
+    shared = transforms.Messages.of(read.spans)
+    messages = transforms.Messages(
+        shared.sends.persist(StorageLevel.MEMORY_AND_DISK), shared.runs.persist(StorageLevel.MEMORY_AND_DISK)
+    )
     try:
         frames: list[tuple[str, str, DataFrame]] = [
-            ("delivery_latency", "delivery latency", transforms.delivery_latency(read.spans, window_seconds)),
-            ("loss_audit", "loss/duplicate audit", transforms.loss_audit(read.spans)),
+            (
+                "delivery_latency",
+                "delivery latency",
+                transforms.delivery_latency(read.spans, window_seconds, messages=messages),
+            ),
+            ("loss_audit", "loss/duplicate audit", transforms.loss_audit(read.spans, messages=messages)),
             ("dependency_graph", "service dependency graph", transforms.dependency_graph(read.spans)),
             ("switchover_steps", "switchover steps", transforms.switchover_steps(read.spans)),
             (
                 "switchover_comparison",
                 "latency before, during and after switchovers",
-                transforms.switchover_comparison(read.spans, phase_seconds),
+                transforms.switchover_comparison(read.spans, phase_seconds, messages=messages),
             ),
             ("transfers", "queue-db transfers", transforms.transfers(read.spans)),
             (
@@ -103,6 +114,8 @@ def analyze(
             },
         )
     finally:
+        messages.runs.unpersist()
+        messages.sends.unpersist()
         read.spans.unpersist()
     return AnalysisResult(
         report=report,

@@ -8,12 +8,15 @@ default), weighted where a row stands for several messages.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
 __all__ = [
     "PERCENTILES",
     "PHASES",
+    "Messages",
     "delivery_latency",
     "dependency_graph",
     "loss_audit",
@@ -110,7 +113,29 @@ def message_runs(spans: DataFrame) -> DataFrame:
     return runs.where(F.col("messages") > 0)
 
 
-def _timed_runs(spans: DataFrame) -> DataFrame:
+@dataclass(frozen=True)
+class Messages:
+    """The message-level frames the delivery analyses share (:func:`delivery_latency`,
+    :func:`switchover_comparison`, :func:`loss_audit`): built once from the spans, so a job can
+    persist them instead of exploding every process span's links once per analysis.
+
+    ``sends`` is :func:`sent_ranges`; ``runs`` is :func:`message_runs` with its send span's
+    start as ``send_start_ns`` (null when the send span is not in the traces).
+    """
+
+    sends: DataFrame
+    runs: DataFrame
+
+    @classmethod
+    def of(cls, spans: DataFrame) -> Messages:
+        sends = sent_ranges(spans)
+        starts = sends.select(
+            F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
+        )
+        return cls(sends, message_runs(spans).join(starts, ["send_trace_id", "send_span_id"], "left"))
+
+
+def _timed_runs(messages: Messages) -> DataFrame:
     """Message runs with their timing: the first message's latency and the run's worst.
 
     A link with the SDK's publish and receive times gives ``received - published``; one without
@@ -118,10 +143,7 @@ def _timed_runs(spans: DataFrame) -> DataFrame:
     is not in the traces). Columns: subscriber, topic, messages, published_ns, at_ns (the receive
     time, else the process span's start), latency_ms, worst_ms.
     """
-    sends = sent_ranges(spans).select(
-        F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
-    )
-    runs = message_runs(spans).join(sends, ["send_trace_id", "send_span_id"], "left")
+    runs = messages.runs
     timed = F.col("received_ns").isNotNull() & F.col("published_ns").isNotNull()
     latency = F.when(timed, (F.col("received_ns") - F.col("published_ns")) / _NS_PER_MS).otherwise(
         (F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS
@@ -137,7 +159,7 @@ def _timed_runs(spans: DataFrame) -> DataFrame:
     ).where(F.col("latency_ms").isNotNull())
 
 
-def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
+def delivery_latency(spans: DataFrame, window_seconds: float, *, messages: Messages | None = None) -> DataFrame:
     """Delivery latency per subscriber, topic and time window.
 
     A run contributes, once per message, its first message's ``receive - publish`` time from
@@ -145,12 +167,13 @@ def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
     without those times contributes ``process.start - send.start`` (in the window of the
     process span's start), left out when its send span is not in the traces. Columns:
     subscriber, topic, window_start_ns, window_seconds, messages, p50_ms, p95_ms, p99_ms, max_ms.
+    ``messages``: the spans' :class:`Messages`, when the caller has them already.
     """
     window_ns = round(window_seconds * 1e9)
     if window_ns <= 0:
         raise ValueError(f"window_seconds must be positive, not {window_seconds}")
     at = F.col("at_ns")
-    timed = _timed_runs(spans).withColumn("window_start_ns", at - F.pmod(at, F.lit(window_ns)))
+    timed = _timed_runs(messages or Messages.of(spans)).withColumn("window_start_ns", at - F.pmod(at, F.lit(window_ns)))
     grouped = timed.groupBy("subscriber", "topic", "window_start_ns").agg(
         F.sum("messages").alias("messages"),
         *_percentile_columns(F.col("latency_ms"), "ms", F.col("messages")),
@@ -166,7 +189,7 @@ def delivery_latency(spans: DataFrame, window_seconds: float) -> DataFrame:
 PHASES = ("before", "during", "after")
 
 
-def switchover_comparison(spans: DataFrame, phase_seconds: float) -> DataFrame:
+def switchover_comparison(spans: DataFrame, phase_seconds: float, *, messages: Messages | None = None) -> DataFrame:
     """Each subscriber's latency before, during and after each switchover of its topic (seed 000's Tables 6-7).
 
     Messages are placed by their publish time, as in the seed: *before* is what was published in
@@ -191,7 +214,7 @@ def switchover_comparison(spans: DataFrame, phase_seconds: float) -> DataFrame:
         F.col("start_ns").alias("s_start_ns"),
         F.col("end_ns").alias("s_end_ns"),
     )
-    runs = _timed_runs(spans)
+    runs = _timed_runs(messages or Messages.of(spans))
     published = F.col("published_ns")
     phase = (
         F.when((published >= F.col("s_start_ns") - phase_ns) & (published < F.col("s_start_ns")), "before")
@@ -244,7 +267,7 @@ def _size(first: str = "seq_first", last: str = "seq_last") -> Column:
     return F.col(last) - F.col(first) + 1
 
 
-def loss_audit(spans: DataFrame) -> DataFrame:
+def loss_audit(spans: DataFrame, *, messages: Messages | None = None) -> DataFrame:
     """Sent against processed sequence numbers, per subscriber and topic (exact, by range arithmetic).
 
     A subscriber is audited for every topic it processed anything from, against every
@@ -253,17 +276,17 @@ def loss_audit(spans: DataFrame) -> DataFrame:
     lost (sent, never processed), duplicates (processings beyond the first), unsent
     (processed, but no send span covers them: e.g. a publisher's traces are missing).
     """
+    messages = messages or Messages.of(spans)
     sent = _merged(
-        sent_ranges(spans)
-        .where(F.col("seq_last") >= F.col("seq_first"))
-        .select("publisher", "topic", "seq_first", "seq_last"),
+        messages.sends.where(F.col("seq_last") >= F.col("seq_first")).select(
+            "publisher", "topic", "seq_first", "seq_last"
+        ),
         ["publisher", "topic"],
     )
     sent_sizes = sent.groupBy("publisher", "topic").agg(F.sum(_size()).alias("sent"))
     # A filtered subscriber's link also accounts for the numbers before its run that its filter left out.
     runs = (
-        message_runs(spans)
-        .withColumn("seq_first", F.least("seq_first", F.coalesce("filtered_from", "seq_first")))
+        messages.runs.withColumn("seq_first", F.least("seq_first", F.coalesce("filtered_from", "seq_first")))
         .withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
         .select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
     )
