@@ -214,7 +214,8 @@ async def _run(cfg: DemoConfig, suite: DemoSuite, outcome: Outcome, signals: Sto
         telemetry.shutdown()
         results = await suite.suite.stop()
         signals.detach()
-        bad = [f"{name} ({code})" for name, code in results if code not in (0, None)]
+        outcome.stopped += results
+        bad = [f"{name} ({code})" for name, code in outcome.stopped if code not in (0, None)]
         if bad:
             outcome.errors.append(f"did not stop cleanly: {', '.join(bad)}")
         clock("stopped " + ", ".join(name for name, _ in results))
@@ -245,7 +246,17 @@ async def _scenario(
         return result
 
     outcome.market = await part("market", run_market(cfg.market, clients.desks, suite.brokers, monitor, clock))
-    outcome.order = await part("order", run_orders(cfg.order, sequencers, suite.brokers, clients.members, clock))
+
+    async def group_done() -> None:
+        # Before the replicas finish: they then read the sequencers' last messages too (see demo_order_member).
+        stopped = await suite.stop_early({"seq-a", "seq-b"})
+        outcome.stopped += stopped
+        clock(f"order: every replica has them; the group ends: stopped {', '.join(name for name, _ in stopped)}")
+
+    outcome.order = await part(
+        "order",
+        run_orders(cfg.order, sequencers, suite.brokers, clients.members, progress=clock, before_collect=group_done),
+    )
     outcome.queue = await part("queue", run_queue(cfg.queue, suite, stop, clock))
 
 

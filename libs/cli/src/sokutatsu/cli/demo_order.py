@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +102,12 @@ async def run_orders(
     sequencers: dict[str, str],
     brokers: list[str],
     members: list[asyncio.subprocess.Process],
+    *,
     progress: Progress,
+    before_collect: Callable[[], Awaitable[None]],
 ) -> OrderResult:
+    """The desks' orders; once every replica holds them (the merge needs the sequencers until then),
+    ``before_collect`` (the demo stops the sequencers) and each replica's order."""
     rng = random.Random(5)  # noqa: S311 - reproducible orders, not security
     progress(
         f"order: {', '.join(DESKS.values())} send {cfg.orders_per_desk:,} orders each, stamped by "
@@ -120,6 +124,12 @@ async def run_orders(
     progress(f"order: {total:,} orders acknowledged by both brokers; collecting the replicas' order")
     for proc in members:
         await tell(proc, f"end {total}")
+    for proc in members:
+        assert proc.stdout is not None  # noqa: S101 - child_process pipes it
+        await asyncio.wait_for(proc.stdout.readline(), 120)  # "got <count>": it has them all, or gave up
+    await before_collect()
+    for proc in members:
+        await tell(proc, "finish")
     results = [await child_result(proc, 120) for proc in members]
     got = [
         MemberResult(f"replica-{i}", [(d, s) for d, s in r["order"]], r["shown"], r["error"])

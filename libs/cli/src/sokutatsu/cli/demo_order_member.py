@@ -5,8 +5,10 @@
 It subscribes with an :class:`~sokutatsu.client.OrderedSubscriber` (durable, so it must
 run before the group's first distribution is published) and prints ``ready``. Each order
 it receives is appended, in the order it receives them, to a list of ``[domain, seq]``.
-``end N`` on standard input makes it stop once it holds N orders (or after
-``END_LIMIT_SECONDS``); it then prints one JSON line: that list, the first orders' bodies
+``end N`` on standard input makes it print ``got <count>`` once it holds N orders (or after
+``END_LIMIT_SECONDS``), reading on; ``finish`` (sent once the sequencers are stopped) makes it
+read until the topic is quiet for ``QUIET_SECONDS`` (the sequencers' last distributions and
+fillers, so that its traces show them processed), then print one JSON line: that list, the first orders' bodies
 as it printed them, and the error that stopped it, if any.
 """
 
@@ -25,6 +27,7 @@ from sokutatsu.core.telemetry import setup_telemetry
 
 CONNECT_LIMIT_SECONDS = 30.0
 END_LIMIT_SECONDS = 60.0
+QUIET_SECONDS = 1.0
 SHOWN = 5
 
 
@@ -35,7 +38,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
     order: list[tuple[str, int]] = []
     shown: list[str] = []
     expected: list[int] = []
-    enough = asyncio.Event()
+    ended, enough, finish = asyncio.Event(), asyncio.Event(), asyncio.Event()
     error = ""
 
     async def read(sub: OrderedSubscriber) -> None:
@@ -45,7 +48,6 @@ async def main(argv: list[str]) -> dict[str, Any]:
                 shown.append(message.body.decode(errors="replace"))
             if expected and len(order) >= expected[0]:
                 enough.set()
-                return
 
     async def steer() -> None:
         async for line in stdin_words():
@@ -54,26 +56,45 @@ async def main(argv: list[str]) -> dict[str, Any]:
                 expected.append(int(n))
                 if len(order) >= expected[0]:
                     enough.set()
+                ended.set()
+            elif word == "finish":
+                finish.set()
                 return
 
     sub = OrderedSubscriber(brokers, member, topic)
     await sub.start()
+    steering = asyncio.create_task(steer())
     try:
         await asyncio.wait_for(sub.subscriber.connected.wait(), CONNECT_LIMIT_SECONDS)
-        reading, steering = asyncio.create_task(read(sub)), asyncio.create_task(steer())
+        reading = asyncio.create_task(read(sub))
         print("ready", flush=True)  # noqa: T201 - protocol with the parent process
-        await steering
+        await ended.wait()
         waiting = asyncio.create_task(enough.wait())
         await asyncio.wait([waiting, reading], timeout=END_LIMIT_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-        for task in (reading, waiting):
-            task.cancel()
+        waiting.cancel()
+        print(f"got {len(order)}", flush=True)  # noqa: T201 - protocol: the parent stops the sequencers now
+        await finish.wait()
+        reading.cancel()
         outcome, _ = await asyncio.gather(reading, waiting, return_exceptions=True)
         if isinstance(outcome, Exception):
             error = repr(outcome)
+        else:
+            await _drain(sub, order)
     finally:
+        steering.cancel()
         await sub.close()
         telemetry.shutdown()
     return {"order": order, "shown": shown, "error": error}
+
+
+async def _drain(sub: OrderedSubscriber, order: list[tuple[str, int]]) -> None:
+    """Read until nothing arrives for ``QUIET_SECONDS`` (an order arriving now is recorded too)."""
+    while True:
+        try:
+            message = await asyncio.wait_for(sub.__anext__(), QUIET_SECONDS)
+        except TimeoutError:
+            return
+        order.append((message.stamp.domain, message.stamp.seq))
 
 
 if __name__ == "__main__":

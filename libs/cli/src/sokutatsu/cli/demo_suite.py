@@ -140,6 +140,16 @@ class DemoSuite:
     ) -> None:
         await self.suite.start(specs, stop, progress)
 
+    async def stop_early(self, names: set[str]) -> list[tuple[str, int]]:
+        """Stop these processes now, the launcher's way (SIGTERM, its grace, then SIGKILL); the rest run on."""
+        keep = [r for r in self.suite.running if r.spec.name not in names]
+        self.suite.running = [r for r in self.suite.running if r.spec.name in names]
+        try:
+            return await self.suite.stop()
+        finally:
+            self.suite.running = keep
+            self.suite.write_endpoints()
+
     async def restart(self, name: str, stop: asyncio.Event) -> Running:
         """Start a process that died again, with its spec minus the crash setting; returns the new one."""
         old = self.running(name)

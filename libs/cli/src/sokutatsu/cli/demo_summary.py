@@ -31,6 +31,7 @@ class Outcome:
     analysis_skipped: bool = False
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stopped: list[tuple[str, int]] = field(default_factory=list)  # (process, exit status)
 
     @property
     def delivered(self) -> int:
