@@ -35,7 +35,7 @@ test: setup ## Run every test (real PostgreSQL, gRPC servers and processes); fai
 up: setup ## Run the whole suite as local processes on an embedded PostgreSQL (Ctrl-C stops it)
 	$(RUN) sokutatsu up
 
-demo: setup ## The main job: bring the suite up on the embedded default, check it, stop it
+demo: setup ## The main job: the suite on an embedded PostgreSQL, a market-data scenario, its traces analysed (docs/demo.md)
 	$(RUN) sokutatsu demo
 
 bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run of a few minutes)
