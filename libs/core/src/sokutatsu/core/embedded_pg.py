@@ -234,6 +234,7 @@ class EmbeddedPostgres:
         if who is None:
             return []
         return [_SETPRIV, f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--"]
+
     @property
     def log_file(self) -> Path:
         return self.data_dir / "server.log"
