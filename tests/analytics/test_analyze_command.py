@@ -12,13 +12,30 @@ import pytest
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
+from sokutatsu.analytics.job import analyze
 from sokutatsu.cli.app import app
 from tests.analytics.tracegen import generate, write_otlp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-TABLES = ("delivery_latency", "loss_audit", "dependency_graph", "switchover_steps")
-FIGURES = ("latency.png", "audit.png", "switchover_steps.png")
+TABLES = (
+    "delivery_latency",
+    "loss_audit",
+    "dependency_graph",
+    "switchover_steps",
+    "switchover_comparison",
+    "transfers",
+    "sequencer_domains",
+    "sequencer_fills",
+)
+FIGURES = (
+    "latency.png",
+    "audit.png",
+    "switchover_steps.png",
+    "switchover_comparison.png",
+    "transfers.png",
+    "sequencer.png",
+)
 
 
 @pytest.mark.timeout(300)  # a JVM of its own: tens of seconds on a busy 2-core machine
@@ -58,3 +75,14 @@ def test_analyze_without_spans_fails_in_one_line(spark: SparkSession, tmp_path: 
     assert errors == [f"sokutatsu: error: no spans in {tmp_path} (0 non-blank lines, 0 malformed, 0 incomplete spans)"]
     assert not (tmp_path / "out" / "report.html").exists()
     assert spark.range(3).count() == 3  # still running
+
+
+def test_the_job_leaves_nothing_cached_in_a_session_it_shares(spark: SparkSession, tmp_path: Path) -> None:
+    """In a notebook's long-lived session, every run's persisted spans and runs must be released."""
+    write_otlp(generate(6, publishers=2, subscribers=2, topics=2, batches=5), tmp_path / "traces", 6)
+    spark.catalog.clearCache()  # other tests' frames: they are recomputed when used again
+    cache = spark._jsparkSession.sharedState().cacheManager()  # no public API lists cached plans
+    assert cache.isEmpty()
+    result = analyze(spark, str(tmp_path / "traces"), tmp_path / "out")
+    assert result.rows["delivery_latency"] > 0
+    assert cache.isEmpty()

@@ -116,7 +116,7 @@ def analyze(
     finally:
         messages.runs.unpersist()
         messages.sends.unpersist()
-        read.spans.unpersist()
+        read.release()
     return AnalysisResult(
         report=report,
         spans=read.span_count,

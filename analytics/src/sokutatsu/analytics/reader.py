@@ -116,6 +116,11 @@ class SpanRead:
     lines: int  # non-blank lines read
     malformed_lines: int  # not JSON, or not an ExportTraceServiceRequest: skipped
     incomplete_spans: int  # without a trace id, span id or start/end time: skipped
+    cached: DataFrame  # what ``spans`` is selected from, persisted
+
+    def release(self) -> None:
+        """Drop the persisted spans. (``spans.unpersist()`` would not: ``spans`` is a query over them.)"""
+        self.cached.unpersist()
 
 
 def _lookup(mapping: dict[str, str], column: Column, default: str) -> Column:
@@ -230,4 +235,5 @@ def read_spans(spark: SparkSession, path: str) -> SpanRead:
         lines=line_count,
         malformed_lines=malformed_count,
         incomplete_spans=incomplete,
+        cached=flagged,
     )
