@@ -8,6 +8,7 @@ default), weighted where a row stands for several messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
@@ -17,6 +18,7 @@ __all__ = [
     "PERCENTILES",
     "PHASES",
     "Messages",
+    "control_plane",
     "delivery_latency",
     "dependency_graph",
     "loss_audit",
@@ -116,23 +118,40 @@ def message_runs(spans: DataFrame) -> DataFrame:
 @dataclass(frozen=True)
 class Messages:
     """The message-level frames the delivery analyses share (:func:`delivery_latency`,
-    :func:`switchover_comparison`, :func:`loss_audit`): built once from the spans, so a job can
-    persist them instead of exploding every process span's links once per analysis.
+    :func:`switchover_comparison`, :func:`loss_audit`), built once from the spans.
 
-    ``sends`` is :func:`sent_ranges`; ``runs`` is :func:`message_runs` with its send span's
-    start as ``send_start_ns`` (null when the send span is not in the traces).
+    ``sends`` is :func:`sent_ranges`, ``runs`` :func:`message_runs`; ``sent`` is the union of the
+    sent ranges per publisher and topic, ``processed`` the union of the processed ranges per
+    subscriber, topic and publisher (with the numbers a filter left out, see :func:`loss_audit`),
+    both as disjoint ranges. ``keep`` is applied to each as it is built (a job persists them,
+    so that no analysis recomputes them: Spark does not share the subplans on its own).
     """
 
     sends: DataFrame
     runs: DataFrame
+    sent: DataFrame
+    processed: DataFrame
 
     @classmethod
-    def of(cls, spans: DataFrame) -> Messages:
-        sends = sent_ranges(spans)
-        starts = sends.select(
-            F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
+    def of(cls, spans: DataFrame, keep: Callable[[DataFrame], DataFrame] = lambda frame: frame) -> Messages:
+        sends = keep(sent_ranges(spans))
+        runs = keep(message_runs(spans))
+        sent = _merged(
+            sends.where(F.col("seq_last") >= F.col("seq_first")).select("publisher", "topic", "seq_first", "seq_last"),
+            ["publisher", "topic"],
         )
-        return cls(sends, message_runs(spans).join(starts, ["send_trace_id", "send_span_id"], "left"))
+        processed = _merged(_audited_runs(runs).drop("messages"), ["subscriber", "topic", "publisher"])
+        return cls(sends, runs, keep(sent), keep(processed))
+
+
+def _audited_runs(runs: DataFrame) -> DataFrame:
+    """Runs as the audit counts them: a filtered subscriber's link also accounts for the numbers
+    before its run that its filter left out."""
+    return (
+        runs.withColumn("seq_first", F.least("seq_first", F.coalesce("filtered_from", "seq_first")))
+        .withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
+        .select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
+    )
 
 
 def _timed_runs(messages: Messages) -> DataFrame:
@@ -140,23 +159,41 @@ def _timed_runs(messages: Messages) -> DataFrame:
 
     A link with the SDK's publish and receive times gives ``received - published``; one without
     them gives the process span's start minus its send span's start (left out when the send span
-    is not in the traces). Columns: subscriber, topic, messages, published_ns, at_ns (the receive
-    time, else the process span's start), latency_ms, worst_ms.
+    is not in the traces): only those are joined to their send spans. Columns: subscriber, topic,
+    messages, published_ns, at_ns (the receive time, else the process span's start), latency_ms,
+    worst_ms.
     """
     runs = messages.runs
     timed = F.col("received_ns").isNotNull() & F.col("published_ns").isNotNull()
-    latency = F.when(timed, (F.col("received_ns") - F.col("published_ns")) / _NS_PER_MS).otherwise(
-        (F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS
-    )
-    return runs.select(
+    columns = ["subscriber", "topic", "messages", "published_ns", "at_ns", "latency_ms", "worst_ms"]
+    latency = (F.col("received_ns") - F.col("published_ns")) / _NS_PER_MS
+    with_times = runs.where(timed).select(
         "subscriber",
         "topic",
         "messages",
-        F.when(timed, F.col("published_ns")).otherwise(F.col("send_start_ns")).alias("published_ns"),
-        F.when(timed, F.col("received_ns")).otherwise(F.col("process_start_ns")).alias("at_ns"),
+        "published_ns",
+        F.col("received_ns").alias("at_ns"),
         latency.alias("latency_ms"),
         F.greatest(latency, F.col("worst_ns") / _NS_PER_MS).alias("worst_ms"),
-    ).where(F.col("latency_ms").isNotNull())
+    )
+    starts = messages.sends.select(
+        F.col("trace_id").alias("send_trace_id"), F.col("span_id").alias("send_span_id"), "send_start_ns"
+    )
+    by_spans = (F.col("process_start_ns") - F.col("send_start_ns")) / _NS_PER_MS
+    without = (
+        runs.where(~timed)
+        .join(starts, ["send_trace_id", "send_span_id"])
+        .select(
+            "subscriber",
+            "topic",
+            "messages",
+            F.col("send_start_ns").alias("published_ns"),
+            F.col("process_start_ns").alias("at_ns"),
+            by_spans.alias("latency_ms"),
+            F.greatest(by_spans, F.col("worst_ns") / _NS_PER_MS).alias("worst_ms"),
+        )
+    )
+    return with_times.select(*columns).unionByName(without.select(*columns))
 
 
 def delivery_latency(spans: DataFrame, window_seconds: float, *, messages: Messages | None = None) -> DataFrame:
@@ -277,21 +314,13 @@ def loss_audit(spans: DataFrame, *, messages: Messages | None = None) -> DataFra
     (processed, but no send span covers them: e.g. a publisher's traces are missing).
     """
     messages = messages or Messages.of(spans)
-    sent = _merged(
-        messages.sends.where(F.col("seq_last") >= F.col("seq_first")).select(
-            "publisher", "topic", "seq_first", "seq_last"
-        ),
-        ["publisher", "topic"],
-    )
+    sent, processed = messages.sent, messages.processed
     sent_sizes = sent.groupBy("publisher", "topic").agg(F.sum(_size()).alias("sent"))
-    # A filtered subscriber's link also accounts for the numbers before its run that its filter left out.
-    runs = (
-        messages.runs.withColumn("seq_first", F.least("seq_first", F.coalesce("filtered_from", "seq_first")))
-        .withColumn("messages", F.col("seq_last") - F.col("seq_first") + 1)
-        .select("subscriber", "topic", "publisher", "seq_first", "seq_last", "messages")
+    processed_totals = (
+        _audited_runs(messages.runs)
+        .groupBy("subscriber", "topic", "publisher")
+        .agg(F.sum("messages").alias("processed"))
     )
-    processed_totals = runs.groupBy("subscriber", "topic", "publisher").agg(F.sum("messages").alias("processed"))
-    processed = _merged(runs.drop("messages"), ["subscriber", "topic", "publisher"])
     distinct = processed.groupBy("subscriber", "topic", "publisher").agg(F.sum(_size()).alias("distinct"))
     s, p = sent.alias("s"), processed.alias("p")
     overlap = (F.col("s.seq_first") <= F.col("p.seq_last")) & (F.col("p.seq_first") <= F.col("s.seq_last"))
@@ -358,6 +387,19 @@ def dependency_graph(spans: DataFrame) -> DataFrame:
         _expand_percentiles(grouped, "ms")
         .select("parent_service", "child_service", "calls", "errors", "p50_ms", "p95_ms", "p99_ms", "max_ms")
         .orderBy("parent_service", "child_service")
+    )
+
+
+def control_plane(spans: DataFrame) -> DataFrame:
+    """The spans :func:`switchover_steps`, :func:`switchover_comparison` (its switchovers),
+    :func:`transfers`, :func:`sequencer_domains` and :func:`sequencer_fills` read: a few among
+    the messaging spans, so a job can persist them apart and scan them instead of every span."""
+    name = F.col("name")
+    return spans.where(
+        (name == "switchover")
+        | name.startswith("switchover.")
+        | name.startswith("transfer")
+        | name.startswith("sequencer.")
     )
 
 
