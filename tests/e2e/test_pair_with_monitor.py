@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client import Publisher
 from sokutatsu.monitor.v1 import monitor_pb2
 from tests.broker.fix_broker import Pair, until
 from tests.broker.test_pair import Consumer, _async, _publish, consuming
@@ -98,3 +99,34 @@ async def test_kill9_of_the_active_under_the_monitor_loses_nothing(
 
 async def _until(predicate: Callable[[], bool], what: str) -> None:
     await until(lambda: _async(predicate()), what)
+
+
+async def test_a_publisher_of_another_topic_does_not_hold_a_switchover(
+    pair_factory: Callable[..., Awaitable[Pair]], monitor_factory: Callable[..., MonitorProcess]
+) -> None:
+    """A queue made after another topic's publisher published must not take a floor for it: the
+    subscriber never acknowledges that publisher, and step 2 would wait for it forever."""
+    pair = await pair_factory()
+    monitor = monitor_factory((pair.active, pair.standby), auto_switch="false")
+    monitor.start()
+    async with Publisher(pair.addresses, "other-feed", ack_timeout=60) as other:
+        for i in range(50):
+            other.publish_nowait("other-topic", "K", f"other-feed:{i + 1}".encode())
+        await other.flush()
+    total = 400
+    desk = Consumer(pair, "desk", total)
+    gate = asyncio.Event()
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        publishing = asyncio.create_task(_publish(pair, "feed", total, gate=gate, gate_at=total // 2))
+        await _until(lambda: len(desk.got) == total // 2, "the desk to have the first half")
+        await monitor.until(
+            lambda s: any(a.subscriber_id == "desk" for a in s.assignments), "the monitor to see the desk"
+        )
+        moved = await monitor.switchover("desk", to_broker_id="broker-b")
+        assert not moved.error, moved.error
+        await _until(lambda: desk.sub.broker_id == "broker-b", "the desk to reach broker-b")
+        gate.set()
+        await publishing
+    desk.check({"feed": total})
+    assert desk.brokers == ["broker-a", "broker-b"]

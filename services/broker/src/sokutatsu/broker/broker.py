@@ -52,6 +52,9 @@ class Topic:
     # The queues as a list, for the publish loop, and whether none of them filters keys.
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
     unfiltered: bool = True
+    # Per publisher that published on this topic, its last sequence number this broker took (of
+    # any topic: a publisher's numbers run across its topics). A new queue holds what comes after.
+    published: dict[str, int] = field(default_factory=dict)
 
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
@@ -202,7 +205,9 @@ class Broker:
             state = SHADOW if spec.durable and self.role == broker_pb2.BROKER_ROLE_STANDBY else SERVING
         queue = SubscriptionQueue(
             state=state,
-            floor={publisher: p.last_seq for publisher, p in self.publishers.items()},
+            # Only this topic's publishers: a subscriber never acknowledges another topic's, so a floor
+            # for them would hold every switchover of it at step 2 (position below the floor).
+            floor=dict(topic.published),
             away_tail=self.settings.away_tail,
             spec=spec,
             folder=self._queue_folder(spec),
@@ -425,6 +430,8 @@ class Broker:
             state.last_seq = seq
             state.rejecting = False
             self.published_total += 1
+        if state.last_seq > topic.published.get(publisher_id, 0):
+            topic.published[publisher_id] = state.last_seq
         self.duplicates_total += duplicates
         self.dropped_total += dropped
         ack = broker_pb2.PublishAck(
