@@ -180,11 +180,12 @@ def test_up_serves_every_service_and_sigterm_stops_all(launch: Launch, pg_tmp_fo
         assert "stopped" in log, log
 
 
-def test_demo_brings_everything_up_and_down(launch: Launch, pg_tmp_folder: Path) -> None:
+def test_up_check_brings_everything_up_and_down(launch: Launch, pg_tmp_folder: Path) -> None:
+    """On its own embedded PostgreSQL. (The demo's scenario is tests/cli/test_demo.py's.)"""
     state = pg_tmp_folder / "state"
-    demo = launch("demo", state=state, env={"SOKUTATSU_PG_DSN": ""})
-    out, err = demo.finish()
-    assert demo.process.returncode == 0, err
+    check = launch("up", "--ports", "auto", "--check", state=state, env={"SOKUTATSU_PG_DSN": ""})
+    out, err = check.finish()
+    assert check.process.returncode == 0, err
     assert err == ""
     assert "all 8 services report SERVING" in out
     assert not (state / "postgres" / "postmaster.pid").exists()
