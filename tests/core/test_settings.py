@@ -135,7 +135,7 @@ def test_an_unknown_variable_without_a_close_name_lists_the_known_ones() -> None
     with pytest.raises(SettingsError) as info:
         load(RuntimeSettings, {"SOKUTATSU_XYZZY": "1"})
     message = str(info.value)
-    assert message.startswith("SOKUTATSU_XYZZY: unknown variable; known: SOKUTATSU_ANNOUNCE_FILE, ")
+    assert message.startswith("SOKUTATSU_XYZZY: unknown variable; known: SOKUTATSU_ALLOW_PLAINTEXT, ")
     assert "SOKUTATSU_STATE_DIR" in message
     assert "SOKUTATSU_BROKER_" in message
     assert "\n" not in message

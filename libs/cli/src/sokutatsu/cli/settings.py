@@ -10,6 +10,7 @@ from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.core.embedded_pg import PostgresSettings
 from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, setting
+from sokutatsu.core.tls import TlsSettings
 from sokutatsu.monitor.settings import MonitorSettings
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.transferd import TransferSettings
@@ -31,6 +32,7 @@ class LauncherSettings(Settings):
 # In the order the configuration reference lists them.
 ALL_SETTINGS: list[tuple[str, type[Settings]]] = [
     ("Every process", RuntimeSettings),
+    ("TLS (every service and client, docs/security.md)", TlsSettings),
     ("Launcher (sokutatsu up)", LauncherSettings),
     ("PostgreSQL (launcher and tests)", PostgresSettings),
     ("Broker", BrokerSettings),

@@ -9,6 +9,7 @@ from typing import ClassVar
 from sokutatsu.core.settings import (
     Settings,
     parse_address,
+    parse_bool,
     parse_int,
     parse_log_level,
     parse_name,
@@ -20,7 +21,7 @@ from sokutatsu.core.settings import (
 # The registry of the SOKUTATSU_* namespace. Core cannot import the services,
 # so it lists what they own; tests/cli checks it against every settings class.
 #
-# Prefixes owned by one settings class each (the services' and PostgreSQL's):
+# Prefixes owned by one settings class each (the services', PostgreSQL's and TLS's):
 # that class refuses unknown names under its prefix.
 SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_BROKER_",
@@ -29,6 +30,7 @@ SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_QUEUEDB_",
     "SOKUTATSU_TRANSFER_",
     "SOKUTATSU_PG_",
+    "SOKUTATSU_TLS_",
 )
 # Names directly under SOKUTATSU_ read by a class other than RuntimeSettings (the launcher's).
 LAUNCHER_NAMES: frozenset[str] = frozenset({"SOKUTATSU_STATE_DIR"})
@@ -70,6 +72,13 @@ class RuntimeSettings(Settings):
     )
     parent_pid: int = setting(
         "PARENT_PID", 0, "When set (by the launcher), the service stops when this process is gone.", parse_int
+    )
+    allow_plaintext: bool = setting(
+        "ALLOW_PLAINTEXT",
+        False,
+        "Let a service without TLS (SOKUTATSU_TLS_CERT) listen on a non-loopback address, e.g. inside a "
+        "private container network; without it such a service refuses to start (docs/security.md).",
+        parse_bool,
     )
 
 

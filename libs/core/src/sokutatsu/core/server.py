@@ -44,6 +44,7 @@ from sokutatsu.core.interceptors import DomainErrorInterceptor
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
 from sokutatsu.core.settings import SettingsError, load
 from sokutatsu.core.telemetry import setup_telemetry
+from sokutatsu.core.tls import ServerTls, check_plaintext, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,12 @@ async def serve(
     register: Register,
     listen_var: str,
     stop: asyncio.Event | None = None,
+    tls: ServerTls | None = None,
 ) -> None:
-    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully."""
+    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully.
+
+    With ``tls`` the port serves TLS (mTLS when it requires client certificates), else plaintext.
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -157,7 +162,10 @@ async def serve(
             server,
         )
         try:
-            port = server.add_insecure_port(settings.listen)
+            if tls is None:
+                port = server.add_insecure_port(settings.listen)
+            else:
+                port = server.add_secure_port(settings.listen, tls.credentials())
         except RuntimeError:
             raise StartupError(
                 f"cannot listen on {settings.listen}: {_bind_problem(settings.listen)} "
@@ -179,7 +187,8 @@ async def serve(
                 )
             if runtime.parent_pid:
                 context.start_background(_watch_parent(runtime.parent_pid, stop), "parent-watch")
-            log.info("%s %s serving on %s", service, settings.instance, address)
+            security = "plaintext" if tls is None else "mTLS" if tls.require_client_auth else "TLS"
+            log.info("%s %s serving on %s (%s)", service, settings.instance, address, security)
             await stop.wait()
             log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
         finally:
@@ -211,6 +220,9 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
     try:
         runtime = load(RuntimeSettings)
         settings = load(settings_cls)
+        tls = server_tls()
+        listen_var = settings_cls.env_prefix + "LISTEN"
+        check_plaintext(settings.listen, listen_var, tls, runtime.allow_plaintext)
         register = build(settings)
     except SettingsError as exc:
         _fail(service, str(exc), 2)
@@ -222,11 +234,17 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
         telemetry = setup_telemetry(service, settings.instance, runtime.trace_dir)
     except OSError as exc:
         _fail(service, f"cannot write traces to {runtime.trace_dir}: {exc.strerror} (SOKUTATSU_TRACE_DIR)", 2)
-    listen_var = settings_cls.env_prefix + "LISTEN"
     try:
         # Errors raised while the task group is open arrive wrapped in a group.
         asyncio.run(
-            serve(service=service, settings=settings, runtime=runtime, register=register, listen_var=listen_var)
+            serve(
+                service=service,
+                settings=settings,
+                runtime=runtime,
+                register=register,
+                listen_var=listen_var,
+                tls=tls,
+            )
         )
     except* StartupError as group:
         telemetry.shutdown()
