@@ -43,6 +43,7 @@ from sokutatsu.cli.bench_common import (
 )
 from sokutatsu.cli.bench_peers_clients import PREFETCH, WINDOW, Peer, make_body, peer_named
 from sokutatsu.cli.bench_slow import audit
+from sokutatsu.core.tls import open_channel
 
 SYSTEMS = ("sokutatsu", "rabbitmq", "nats")
 PORTS = {"rabbitmq": 5672, "nats": 4222}
@@ -220,11 +221,10 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 
 
 async def _moved(monitor: str) -> dict[str, Any] | None:
-    from grpc import aio  # noqa: PLC0415
 
     from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc  # noqa: PLC0415
 
-    async with aio.insecure_channel(monitor) as channel:
+    async with open_channel(monitor) as channel:
         status = await monitor_pb2_grpc.MonitorStub(channel).GetStatus(
             monitor_pb2.GetStatusRequest(recent_switchovers=100), timeout=10
         )

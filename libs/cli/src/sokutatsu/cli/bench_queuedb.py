@@ -52,13 +52,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from grpc import aio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.cli.bench_common import cpu_sample, machine, service_process, steal_percent
 from sokutatsu.cli.bench_link import delayed_link
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, create_database, database_dsn, find_bindir
+from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import (
     _ENQUEUE_LOCAL,
     Message,
@@ -466,7 +466,7 @@ async def _remote_clients(address: str, queue: str, n: int, size: int, clients: 
     body = b"x" * size
     left = n
 
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
         request = queuedb_pb2.EnqueueRequest(queue=queue, messages=[queuedb_pb2.NewMessage(body=body)])
 
@@ -502,7 +502,7 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         service_process(*QUEUEDB, run_folder, "node1", dsn=node1) as sender,
         service_process(*TRANSFERD, run_folder, "transfer", node="node1", dsn=node1, peers=f"node2={receiver.address}"),
     ):
-        async with aio.insecure_channel(sender.address) as channel:
+        async with open_channel(sender.address) as channel:
             stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
             create = queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name=queue, transfer=rule))
             await stub.CreateQueue(create, timeout=30)

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc import aio
 
 from sokutatsu.cli.bench_common import (
     BrokerRun,
@@ -46,6 +45,7 @@ from sokutatsu.cli.bench_common import (
     tell,
 )
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
+from sokutatsu.core.tls import open_channel
 from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 
@@ -76,7 +76,7 @@ FULL = SequencerBenchConfig(
 async def _installed(address: str, limit: float = 30.0) -> None:
     """Wait until the sequencer at ``address`` has a distribution (it stamps only then)."""
     deadline = time.monotonic() + limit
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub = sequencer_pb2_grpc.SequencerStub(channel)
         while True:
             with contextlib.suppress(grpc.RpcError):
@@ -94,7 +94,7 @@ async def stamp_rate(address: str, count: int, seconds: float, window: int) -> d
     answered: list[int] = []  # first numbers, reported published on the next request
     numbers = requests = 0
     stop = time.monotonic() + seconds
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         call = sequencer_pb2_grpc.SequencerStub(channel).Stamp()
 
         async def write() -> None:

@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpc import aio
-
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.bench_common import (
     child_process,
@@ -44,6 +42,7 @@ from sokutatsu.cli.bench_common import (
     tell,
 )
 from sokutatsu.client import BufferFull, Publisher
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "ticks"
@@ -143,7 +142,7 @@ async def _publish(addresses: Sequence[str], size: int, rate: int, count: int, s
 
 async def _spill_started(address: str, subscriber_id: str, stop: asyncio.Event) -> int | None:
     """Flow-to-disk's reaction: when the slow queue first has messages on disk (polled every 10 ms)."""
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         admin = broker_pb2_grpc.BrokerAdminStub(channel)
         while not stop.is_set():
             stats = await admin.GetStats(broker_pb2.GetStatsRequest(), timeout=10)
@@ -196,7 +195,7 @@ async def _run_mode(cfg: SlowConfig, size: int, mode: str, addresses: Sequence[s
 
 
 async def _switch_record(monitor: str, subscriber_id: str) -> dict[str, Any]:
-    async with aio.insecure_channel(monitor) as channel:
+    async with open_channel(monitor) as channel:
         status = await monitor_pb2_grpc.MonitorStub(channel).GetStatus(
             monitor_pb2.GetStatusRequest(recent_switchovers=100), timeout=10
         )

@@ -23,6 +23,7 @@ from grpc import aio
 
 from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, percentile, steal_percent
 from sokutatsu.client import BufferFull, Publisher, Subscriber
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "switch-bench"
@@ -92,7 +93,7 @@ async def _run(cfg: SwitchConfig, addresses: list[str], monitor_address: str) ->
         await asyncio.wait_for(sub.connected.wait(), 30)
         consumer = asyncio.create_task(_consume(sub, seqs, expected))
         publisher = asyncio.create_task(_publish(addresses, cfg, stop))
-        async with aio.insecure_channel(monitor_address) as channel:
+        async with open_channel(monitor_address) as channel:
             stub = monitor_pb2_grpc.MonitorStub(channel)
             await _wait_assigned(stub)
             await asyncio.sleep(cfg.pause)

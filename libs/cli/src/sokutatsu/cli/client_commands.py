@@ -16,6 +16,7 @@ from rich.table import Table
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import ClientError, Publisher, Subscriber
+from sokutatsu.core.tls import open_channel
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -96,7 +97,7 @@ def metrics_broker(
     """Broker and per-subscriber metrics as a table (like seed 003's `imqcmd metrics`)."""
 
     async def main() -> None:
-        async with aio.insecure_channel(broker) as channel:
+        async with open_channel(broker) as channel:
             admin = broker_pb2_grpc.BrokerAdminStub(channel)
             while True:
                 console.print(metrics_table(await admin.GetStats(broker_pb2.GetStatsRequest(), timeout=10)))

@@ -23,11 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpc import aio
-
 from sokutatsu.cli.bench_common import child_process, child_result, percentile, tell
 from sokutatsu.cli.bench_switchover import STEP_NAMES
 from sokutatsu.client import BufferFull, Publisher
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "ticks"
@@ -295,7 +294,7 @@ async def run_market(
     cfg: MarketConfig, desks: Desks, brokers: list[str], monitor: str, progress: Progress
 ) -> MarketResult:
     normal, slow, slow_proc = desks.normal, desks.slow, desks.slow_proc
-    async with aio.insecure_channel(monitor) as channel:
+    async with open_channel(monitor) as channel:
         feed = Feed(brokers, desks.symbols, cfg.rate, random.Random(FEED_SEED))  # noqa: S311 - sample data
         watch = Watch(monitor_pb2_grpc.MonitorStub(channel), slow.id, feed, progress)
         progress(

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from grpc import aio
 
 from sokutatsu.cli.demo_suite import TRANSFER_CRASH, DemoSuite
+from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch_async
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
@@ -56,8 +56,8 @@ class QueueResult:
 
 async def run_queue(cfg: QueueConfig, suite: DemoSuite, stop: asyncio.Event, progress: Progress) -> QueueResult:
     async with (
-        aio.insecure_channel(suite.address("queuedb-1")) as ch1,
-        aio.insecure_channel(suite.address("queuedb-2")) as ch2,
+        open_channel(suite.address("queuedb-1")) as ch1,
+        open_channel(suite.address("queuedb-2")) as ch2,
     ):
         q1, q2 = queuedb_pb2_grpc.QueueServiceStub(ch1), queuedb_pb2_grpc.QueueServiceStub(ch2)
         await q2.CreateQueue(queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name=QUEUE)), timeout=10)

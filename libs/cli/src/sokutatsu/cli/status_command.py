@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 console = Console(highlight=False, soft_wrap=True)
@@ -34,7 +35,7 @@ def status(
     """
 
     async def fetch() -> monitor_pb2.MonitorStatus:
-        async with aio.insecure_channel(monitor) as channel:
+        async with open_channel(monitor) as channel:
             reply: monitor_pb2.MonitorStatus = await monitor_pb2_grpc.MonitorStub(channel).GetStatus(
                 monitor_pb2.GetStatusRequest(recent_switchovers=max(0, recent)), timeout=10
             )

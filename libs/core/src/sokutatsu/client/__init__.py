@@ -4,10 +4,12 @@ from sokutatsu.client.errors import BrokerError, BufferFull, ClientError, Closed
 from sokutatsu.client.ordered import OrderedPublisher, OrderedSubscriber, SequencerError
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
+from sokutatsu.core.tls import ChannelTls
 
 __all__ = [
     "BrokerError",
     "BufferFull",
+    "ChannelTls",
     "ClientError",
     "Closed",
     "GapError",

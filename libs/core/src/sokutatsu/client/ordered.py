@@ -34,6 +34,7 @@ from sokutatsu.client._tracing import StampSpans, tracing_on
 from sokutatsu.client.errors import ClientError, Closed
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
+from sokutatsu.core.tls import ChannelTls, open_channel
 from sokutatsu.core.wire import varint
 from sokutatsu.ordering import OrderedMerge, OrderingError
 from sokutatsu.ordering.wire import distribution_from_message, entry_from_stamp
@@ -76,6 +77,7 @@ class OrderedPublisher:
         max_batch: int = 10_000,
         stamp_timeout: float = 10.0,
         publisher: Publisher | None = None,
+        tls: ChannelTls | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -86,7 +88,9 @@ class OrderedPublisher:
         self.max_batch = max_batch
         self.stamp_timeout = stamp_timeout
         self._own_publisher = publisher is None
-        self.publisher = publisher or Publisher(brokers, f"{self.client_id}")
+        # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
+        self.tls = tls
+        self.publisher = publisher or Publisher(brokers, f"{self.client_id}", tls=tls)
         self._queue: deque[_Waiting] = deque()
         self._wake = asyncio.Event()
         self._recent: deque[sequencer_pb2.SequenceRange] = deque(maxlen=_RECENT_RANGES)
@@ -164,7 +168,7 @@ class OrderedPublisher:
         backoff = Backoff()
         while not self._closed:
             try:
-                async with aio.insecure_channel(self.sequencer) as channel:
+                async with open_channel(self.sequencer, tls=self.tls) as channel:
                     call: _StampCall = sequencer_pb2_grpc.SequencerStub(channel).Stamp()
                     await self._session(call, backoff)
             except StreamEnded:

@@ -38,6 +38,7 @@ from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnec
 from sokutatsu.client._tracing import TRACEPARENT, SendSpans, tracing_on
 from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
 from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
+from sokutatsu.core.tls import ChannelTls, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class Publisher:
         max_pending: int = 100_000,
         ack_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        tls: ChannelTls | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -107,6 +109,8 @@ class Publisher:
         self.max_pending = max_pending
         self.ack_timeout = ack_timeout
         self.connect_timeout = connect_timeout
+        # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
+        self.tls = tls
         self._links = [_Link(a) for a in addresses]
         self._pending: list[_Pending] = []
         self._pending_start = 0
@@ -333,7 +337,7 @@ class Publisher:
                 await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, link: _Link, backoff: Backoff) -> None:
-        async with aio.insecure_channel(link.address, options=CHANNEL_OPTIONS) as channel:
+        async with open_channel(link.address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
             call = channel.stream_stream(
                 PUBLISH_METHOD,
                 request_serializer=_frame_bytes,

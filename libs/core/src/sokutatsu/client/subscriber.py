@@ -35,6 +35,7 @@ from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise
 from sokutatsu.client._tracing import ProcessSpans, tracing_on
 from sokutatsu.client.errors import BrokerError, GapError
 from sokutatsu.client.publisher import CHANNEL_OPTIONS
+from sokutatsu.core.tls import ChannelTls, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Subscriber:
         ack_interval: float = 0.05,
         position: Mapping[str, int] | None = None,
         on_gap: Literal["raise", "report"] = "raise",
+        tls: ChannelTls | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -86,6 +88,8 @@ class Subscriber:
         if not 0 < flow_threshold <= 1:
             raise ValueError("flow_threshold must be in (0, 1]")
         self.addresses = addresses
+        # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
+        self.tls = tls
         self.subscription = broker_pb2.Subscription(
             subscriber_id=subscriber_id,
             topic=topic,
@@ -141,7 +145,7 @@ class Subscriber:
         created = 0
         last: Exception | None = None
         for address in self.addresses:
-            async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
                 stub = broker_pb2_grpc.BrokerAdminStub(channel)
                 try:
                     await stub.CreateSubscription(
@@ -278,7 +282,7 @@ class Subscriber:
             await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, address: str, backoff: Backoff) -> None:
-        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
             call: _SubscribeCall = channel.stream_stream(
                 SUBSCRIBE_METHOD,
                 request_serializer=_serialize_request,

@@ -8,10 +8,12 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sokutatsu.core.tls import open_channel
+
 
 async def check(address: str, service: str = "", rpc_timeout: float = 2.0) -> str:
     """The health status name of ``service`` at ``address`` (``UNREACHABLE`` if it does not answer)."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=rpc_timeout)

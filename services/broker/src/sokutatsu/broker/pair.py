@@ -23,6 +23,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import ACTIVE, STANDBY, Broker
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.tls import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ async def join(broker: Broker) -> None:
     if not broker.peer:
         return
     try:
-        async with aio.insecure_channel(broker.peer) as channel:
+        async with open_channel(broker.peer) as channel:
             info = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
                 broker_pb2.GetRoleRequest(), timeout=PROBE_TIMEOUT_SECONDS
             )
@@ -75,7 +76,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
             await asyncio.sleep(KEEPALIVE_SECONDS)
             continue
         try:
-            async with aio.insecure_channel(peer) as channel:
+            async with open_channel(peer) as channel:
                 stub = broker_pb2_grpc.BrokerControlStub(channel)
                 await stub.ReplicateWatermarks(_frames(broker, own_address(), interval, peer))
         except aio.AioRpcError as exc:

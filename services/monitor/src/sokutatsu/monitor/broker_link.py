@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import propagate
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.assignments import BrokerView
 from sokutatsu.monitor.settings import BrokerEndpoint
 
@@ -86,7 +87,7 @@ class BrokerLink:
         self.interval = interval
         self.stale_after = stale_after
         self._on_update = on_update
-        self.channel = aio.insecure_channel(endpoint.address, options=CHANNEL_OPTIONS)
+        self.channel = open_channel(endpoint.address, options=CHANNEL_OPTIONS)
         self.admin = broker_pb2_grpc.BrokerAdminStub(self.channel)
         self.control = broker_pb2_grpc.BrokerControlStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

@@ -51,6 +51,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
+from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER, TRANSFER_CHANNEL
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.receiver import gid_prefix
@@ -223,7 +224,7 @@ class PeerLink:
     async def _session(self) -> None:
         async with (
             await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True, connect_timeout=5) as conn,
-            aio.insecure_channel(self.peer.address) as channel,
+            open_channel(self.peer.address) as channel,
         ):
             # One sender per receiver: a second daemon waits here until this one is gone.
             await conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"sokutatsu.transfer.{self.peer.node}",))

@@ -37,6 +37,7 @@ from opentelemetry import trace
 
 from sokutatsu.client import Publisher
 from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
+from sokutatsu.core.tls import open_channel
 from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_deficit, weights_from_counts
 from sokutatsu.ordering.wire import distribution_from_message as to_distribution
 from sokutatsu.ordering.wire import distribution_message as to_message
@@ -260,7 +261,7 @@ class Sequencer:
     def _stub(self, address: str) -> sequencer_pb2_grpc.SequencerAsyncStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = aio.insecure_channel(address)
+            channel = self._channels[address] = open_channel(address)
         return sequencer_pb2_grpc.SequencerStub(channel)
 
     async def run_leader(self) -> None:

@@ -10,6 +10,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.server import Register, ServiceContext, run_service
+from sokutatsu.core.tls import open_channel
 from sokutatsu.sequencer.sequencer import Sequencer
 from sokutatsu.sequencer.service import SERVICE, SequencerService
 from sokutatsu.sequencer.settings import SequencerSettings
@@ -19,7 +20,7 @@ from sokutatsu.sequencer.v1 import sequencer_pb2_grpc
 async def create_total_order_topic(brokers: Sequence[str], topic: str) -> None:
     """Create ``topic`` as a total-order topic on every broker that answers (it may exist)."""
     for address in brokers:
-        async with aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = broker_pb2_grpc.BrokerAdminStub(channel)
             try:
                 await stub.CreateTopic(
