@@ -18,6 +18,7 @@ from rich.table import Table
 from sokutatsu.cli import (
     analyze_command,
     bench_analytics,
+    certs,
     client_commands,
     queuedb_command,
     simulate_command,
@@ -237,6 +238,7 @@ app.command()(client_commands.publish)
 app.command()(client_commands.subscribe)
 app.command()(status_command.status)
 app.command()(analyze_command.analyze)
+app.command()(certs.certs)
 metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_args_is_help=True)
 metrics_app.command("broker")(client_commands.metrics_broker)
 app.add_typer(metrics_app, name="metrics")
@@ -258,4 +260,8 @@ app.add_typer(simulate_app, name="simulate")
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SettingsError as exc:  # e.g. an unusable SOKUTATSU_TLS_* file, met by a client command
+        err.print(f"sokutatsu: error: {exc}", markup=False)
+        sys.exit(2)
