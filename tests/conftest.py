@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.monitor.fix_monitor",
     "tests.sequencer.fix_sequencer",
     "tests.queuedb.fix_queuedb",
+    "tests.security.fix_tls",
 ]
