@@ -24,7 +24,8 @@ def spark_session(master: str = "local[*]", app_name: str = "sokutatsu-analyze")
 
     Result tables are small aggregates, so adaptive execution coalesces shuffles; the
     initial partition count, twice the cores, only bounds the parallelism of the joins (on
-    2 cores over 1M spans, the audit took 7 s with 4 and 8-11 s with 16, single runs). The input is read in splits of 32 MiB, so every core has work to the end of the parse.
+    2 cores over 1M spans, the audit took 7 s with 4 and 8-11 s with 16, single runs). The
+    input is read in splits of 32 MiB, so every core has work to the end of the parse.
     """
     session = (
         SparkSession.builder.master(master)

@@ -121,7 +121,8 @@ def comparison_plot(rows: list[Row], path: Path) -> None:
         for ax in axes:
             _empty(ax, "no switchover with messages published before it in these traces")
     else:
-        labels = [f"{r['switchover_id'] or '?'} {r['subscriber']}\n({r['role']})" for r in shown]
+        # Switchover ids can be long (the monitor's are "sw-" and 12 hex digits): their tail tells them apart.
+        labels = [f"{str(r['switchover_id'] or '?')[-6:]} {r['subscriber']} ({r['role']})" for r in shown]
         width = 0.4
         for ax, measure in zip(axes, ("mean", "worst"), strict=True):
             for i, phase in enumerate(("during", "after")):
@@ -132,8 +133,8 @@ def comparison_plot(rows: list[Row], path: Path) -> None:
             ax.set_ylabel(f"{measure} / mean before")
             ax.grid(visible=True, axis="y", alpha=0.3)
             ax.legend(fontsize="small")
-        axes[-1].set_xticks(range(len(shown)), labels, fontsize="x-small")
-        axes[-1].set_xlabel("switchover id, subscriber (role)")
+        axes[-1].set_xticks(range(len(shown)), labels, fontsize="x-small", rotation=30, ha="right")
+        axes[-1].set_xlabel("switchover id (its end), subscriber (role)")
         more = "" if len(rows) <= _MAX_BARS else f" (the first {_MAX_BARS} of {len(rows)} rows)"
         axes[0].set_title(f"Latency during and after each switchover, relative to the mean before{more}")
     fig.savefig(path, dpi=100)

@@ -3,7 +3,7 @@
 The spans (``sokutatsu.analytics.synthetic``: send and process spans with links, gRPC calls
 between services) are written to a temporary folder first; the clock runs from the start of
 the job (Spark's session started already, as when a cluster is up) to ``report.html``
-written, every stage included: reading and parsing the JSON, the six tables, the files and
+written, every stage included: reading and parsing the JSON, the eight tables, the files and
 plots. Spark runs ``local[*]`` on this machine.
 """
 
