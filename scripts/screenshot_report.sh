@@ -21,6 +21,6 @@ if [ -z "$browser" ]; then
   browser=$(command -v chromium)
 fi
 # --no-sandbox: Chromium refuses to run as root with its sandbox.
-"$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,4800 \
+"$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,8000 \
   --screenshot="$out" "file://$report" 2>/dev/null
 echo "$out"
