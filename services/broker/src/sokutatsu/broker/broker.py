@@ -56,6 +56,11 @@ class Topic:
     # any topic: a publisher's numbers run across its topics). A new queue holds what comes after.
     published: dict[str, int] = field(default_factory=dict)
 
+    def took(self, publisher_id: str, last_seq: int) -> None:
+        """A batch of ``publisher_id``'s on this topic was taken, up to its ``last_seq``."""
+        if last_seq > self.published.get(publisher_id, 0):
+            self.published[publisher_id] = last_seq
+
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
         self.unfiltered = all(not q.spec.filtered for q in self.queue_list)
@@ -430,8 +435,7 @@ class Broker:
             state.last_seq = seq
             state.rejecting = False
             self.published_total += 1
-        if state.last_seq > topic.published.get(publisher_id, 0):
-            topic.published[publisher_id] = state.last_seq
+        topic.took(publisher_id, state.last_seq)
         self.duplicates_total += duplicates
         self.dropped_total += dropped
         ack = broker_pb2.PublishAck(
