@@ -78,6 +78,7 @@ class OrderedPublisher:
         stamp_timeout: float = 10.0,
         publisher: Publisher | None = None,
         tls: ChannelTls | None = None,
+        token: str | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -90,7 +91,9 @@ class OrderedPublisher:
         self._own_publisher = publisher is None
         # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
         self.tls = tls
-        self.publisher = publisher or Publisher(brokers, f"{self.client_id}", tls=tls)
+        # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
+        self.token = token
+        self.publisher = publisher or Publisher(brokers, f"{self.client_id}", tls=tls, token=token)
         self._queue: deque[_Waiting] = deque()
         self._wake = asyncio.Event()
         self._recent: deque[sequencer_pb2.SequenceRange] = deque(maxlen=_RECENT_RANGES)
@@ -168,7 +171,7 @@ class OrderedPublisher:
         backoff = Backoff()
         while not self._closed:
             try:
-                async with open_channel(self.sequencer, tls=self.tls) as channel:
+                async with open_channel(self.sequencer, tls=self.tls, token=self.token) as channel:
                     call: _StampCall = sequencer_pb2_grpc.SequencerStub(channel).Stamp()
                     await self._session(call, backoff)
             except StreamEnded:

@@ -97,6 +97,7 @@ class Publisher:
         ack_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         tls: ChannelTls | None = None,
+        token: str | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -111,6 +112,8 @@ class Publisher:
         self.connect_timeout = connect_timeout
         # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
         self.tls = tls
+        # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
+        self.token = token
         self._links = [_Link(a) for a in addresses]
         self._pending: list[_Pending] = []
         self._pending_start = 0
@@ -337,7 +340,7 @@ class Publisher:
                 await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, link: _Link, backoff: Backoff) -> None:
-        async with open_channel(link.address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
+        async with open_channel(link.address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
             call = channel.stream_stream(
                 PUBLISH_METHOD,
                 request_serializer=_frame_bytes,

@@ -79,6 +79,7 @@ class Subscriber:
         position: Mapping[str, int] | None = None,
         on_gap: Literal["raise", "report"] = "raise",
         tls: ChannelTls | None = None,
+        token: str | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -90,6 +91,8 @@ class Subscriber:
         self.addresses = addresses
         # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
         self.tls = tls
+        # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
+        self.token = token
         self.subscription = broker_pb2.Subscription(
             subscriber_id=subscriber_id,
             topic=topic,
@@ -145,7 +148,7 @@ class Subscriber:
         created = 0
         last: Exception | None = None
         for address in self.addresses:
-            async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
+            async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
                 stub = broker_pb2_grpc.BrokerAdminStub(channel)
                 try:
                     await stub.CreateSubscription(
@@ -282,7 +285,7 @@ class Subscriber:
             await asyncio.sleep(backoff.next_delay())
 
     async def _session(self, address: str, backoff: Backoff) -> None:
-        async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS) as channel:
+        async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
             call: _SubscribeCall = channel.stream_stream(
                 SUBSCRIBE_METHOD,
                 request_serializer=_serialize_request,

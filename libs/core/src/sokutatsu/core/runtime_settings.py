@@ -21,7 +21,7 @@ from sokutatsu.core.settings import (
 # The registry of the SOKUTATSU_* namespace. Core cannot import the services,
 # so it lists what they own; tests/cli checks it against every settings class.
 #
-# Prefixes owned by one settings class each (the services', PostgreSQL's and TLS's):
+# Prefixes owned by one settings class each (the services', PostgreSQL's, TLS's and auth's):
 # that class refuses unknown names under its prefix.
 SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_BROKER_",
@@ -31,6 +31,7 @@ SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_TRANSFER_",
     "SOKUTATSU_PG_",
     "SOKUTATSU_TLS_",
+    "SOKUTATSU_AUTH_",
 )
 # Names directly under SOKUTATSU_ read by a class other than RuntimeSettings (the launcher's).
 LAUNCHER_NAMES: frozenset[str] = frozenset({"SOKUTATSU_STATE_DIR"})

@@ -39,6 +39,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from sokutatsu.core.auth import Policy, server_policy
+from sokutatsu.core.auth_interceptor import AuthInterceptor
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.interceptors import DomainErrorInterceptor
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
@@ -129,10 +131,12 @@ async def serve(
     listen_var: str,
     stop: asyncio.Event | None = None,
     tls: ServerTls | None = None,
+    auth: Policy | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully.
 
     With ``tls`` the port serves TLS (mTLS when it requires client certificates), else plaintext.
+    With ``auth`` every call but health and reflection is authenticated and authorised by it.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -146,11 +150,12 @@ async def serve(
     def traced(details: grpc.HandlerCallDetails) -> bool:
         return details.method not in untraced
 
-    server = aio.server(
-        # OpenTelemetry outermost, so it records the status the domain mapping chose.
-        interceptors=[aio_server_interceptor(filter_=traced), DomainErrorInterceptor()],  # type: ignore[no-untyped-call]
-        options=SERVER_OPTIONS,
-    )
+    # OpenTelemetry outermost, so it records the status auth or the domain mapping chose.
+    interceptors: list[aio.ServerInterceptor] = [aio_server_interceptor(filter_=traced)]  # type: ignore[no-untyped-call]
+    if auth is not None:
+        interceptors.append(AuthInterceptor(auth))
+    interceptors.append(DomainErrorInterceptor())
+    server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
         context = ServiceContext(
             service=service, runtime=runtime, stack=stack, health=health, _group=group, untraced=untraced
@@ -188,6 +193,8 @@ async def serve(
             if runtime.parent_pid:
                 context.start_background(_watch_parent(runtime.parent_pid, stop), "parent-watch")
             security = "plaintext" if tls is None else "mTLS" if tls.require_client_auth else "TLS"
+            if auth is not None:
+                security += ", auth on"
             log.info("%s %s serving on %s (%s)", service, settings.instance, address, security)
             await stop.wait()
             log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
@@ -221,6 +228,7 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
         runtime = load(RuntimeSettings)
         settings = load(settings_cls)
         tls = server_tls()
+        auth = server_policy()
         listen_var = settings_cls.env_prefix + "LISTEN"
         check_plaintext(settings.listen, listen_var, tls, runtime.allow_plaintext)
         register = build(settings)
@@ -244,6 +252,7 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
                 register=register,
                 listen_var=listen_var,
                 tls=tls,
+                auth=auth,
             )
         )
     except* StartupError as group:

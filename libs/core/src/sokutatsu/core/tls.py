@@ -33,6 +33,8 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
+from sokutatsu.core.auth import client_token
+from sokutatsu.core.auth_client import bearer_credentials, bearer_interceptors
 from sokutatsu.core.settings import Settings, SettingsError, choice, load, parse_optional_path, setting
 
 PREFIX = "SOKUTATSU_TLS_"
@@ -218,13 +220,26 @@ def server_tls(environ: Mapping[str, str] | None = None) -> ServerTls | None:
 
 
 def open_channel(
-    address: str, *, tls: ChannelTls | None = None, options: Sequence[tuple[str, Any]] | None = None
+    address: str,
+    *,
+    tls: ChannelTls | None = None,
+    options: Sequence[tuple[str, Any]] | None = None,
+    token: str | None = None,
 ) -> aio.Channel:
-    """A client channel to ``address``: TLS with ``tls``, else with the environment's settings, else plaintext."""
+    """A client channel to ``address``: TLS with ``tls``, else with the environment's settings, else plaintext.
+
+    Every call carries ``token`` (else ``SOKUTATSU_AUTH_TOKEN``, if set) as a bearer token.
+    """
     chosen = tls if tls is not None else client_tls()
+    bearer = token if token is not None else client_token()
     if chosen is None:
+        if bearer:
+            return aio.insecure_channel(address, options=options, interceptors=bearer_interceptors(bearer))
         return aio.insecure_channel(address, options=options)
-    return aio.secure_channel(address, chosen.credentials(), options=options)
+    credentials = chosen.credentials()
+    if bearer:
+        credentials = bearer_credentials(credentials, bearer)
+    return aio.secure_channel(address, credentials, options=options)
 
 
 # --------------------------------------------------------------- plaintext -----
