@@ -17,6 +17,7 @@ from rich.table import Table
 
 from sokutatsu.cli import (
     analyze_command,
+    auth_command,
     bench_analytics,
     certs,
     client_commands,
@@ -239,6 +240,10 @@ app.command()(client_commands.subscribe)
 app.command()(status_command.status)
 app.command()(analyze_command.analyze)
 app.command()(certs.certs)
+auth_app = typer.Typer(help="Tokens and policy files for authentication (docs/security.md).", no_args_is_help=True)
+auth_app.command("token")(auth_command.auth_token)
+auth_app.command("check")(auth_command.auth_check)
+app.add_typer(auth_app, name="auth")
 metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_args_is_help=True)
 metrics_app.command("broker")(client_commands.metrics_broker)
 app.add_typer(metrics_app, name="metrics")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from sokutatsu.broker.settings import BrokerSettings
+from sokutatsu.core.auth import AuthSettings
 from sokutatsu.core.embedded_pg import PostgresSettings
 from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, setting
@@ -33,6 +34,7 @@ class LauncherSettings(Settings):
 ALL_SETTINGS: list[tuple[str, type[Settings]]] = [
     ("Every process", RuntimeSettings),
     ("TLS (every service and client, docs/security.md)", TlsSettings),
+    ("Authentication and authorisation (every service and client, docs/security.md)", AuthSettings),
     ("Launcher (sokutatsu up)", LauncherSettings),
     ("PostgreSQL (launcher and tests)", PostgresSettings),
     ("Broker", BrokerSettings),
