@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.sequencer.fix_sequencer",
     "tests.queuedb.fix_queuedb",
     "tests.security.fix_tls",
+    "tests.security.fix_auth",
 ]
