@@ -18,6 +18,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.core.embedded_pg import free_port
+from sokutatsu.queuedb import transferd
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -403,3 +404,21 @@ def test_the_deferred_trigger_fires_exactly_at_its_thresholds(node_database: Nod
         conn.execute("DELETE FROM sokutatsu.outbox")
         enqueue_batch(conn, "now", [Message(b"x")])
         assert due()  # an immediate queue
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "transient"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "connection refused", True),
+        # grpc.aio's report of a write on a stream whose receiver died (grpc/grpc#36066): a CI run's
+        # daemon stopped on it when fault injection killed the receiver mid-write.
+        (grpc.StatusCode.INTERNAL, "Internal error from Core", True),
+        (grpc.StatusCode.INTERNAL, "the receiver's own bug", False),
+        (grpc.StatusCode.INVALID_ARGUMENT, "bad batch", False),
+    ],
+)
+def test_the_daemon_retries_what_a_new_session_can_fix_and_only_that(
+    code: grpc.StatusCode, details: str, transient: bool
+) -> None:
+    error = aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
+    assert transferd._transient(error) is transient

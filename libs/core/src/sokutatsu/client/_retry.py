@@ -19,10 +19,14 @@ RECONNECT_CODES = RETRYABLE | {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLI
 _BROKEN_WRITE = "Internal error from Core"
 
 
+def broken_write(error: aio.AioRpcError) -> bool:
+    """Whether ``error`` is grpc.aio's report of a write on a stream whose connection died."""
+    return error.code() == grpc.StatusCode.INTERNAL and error.details() == _BROKEN_WRITE
+
+
 def reconnectable(error: aio.AioRpcError) -> bool:
     """Whether a stream that failed with ``error`` should be opened again."""
-    code = error.code()
-    return code in RECONNECT_CODES or (code == grpc.StatusCode.INTERNAL and error.details() == _BROKEN_WRITE)
+    return error.code() in RECONNECT_CODES or broken_write(error)
 
 
 class Backoff:

@@ -48,6 +48,7 @@ from opentelemetry import trace
 from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
+from sokutatsu.client._retry import broken_write
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
@@ -610,7 +611,8 @@ def _within_bytes(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 def _transient(error: BaseException) -> bool:
     if isinstance(error, aio.AioRpcError):
-        return error.code() in {
+        # A write on a stream whose receiver just died can surface as INTERNAL (grpc/grpc#36066).
+        return broken_write(error) or error.code() in {
             grpc.StatusCode.UNAVAILABLE,
             grpc.StatusCode.DEADLINE_EXCEEDED,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
