@@ -425,6 +425,13 @@ async def test_a_pair_and_its_monitor_work_with_auth_on_and_refuse_others(
             with pytest.raises(aio.AioRpcError) as nobody:
                 await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(broker_pb2.GetStatsRequest(), timeout=10)
             assert nobody.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # The refusals are counted in the broker's stats.
+    for broker in (a, b):
+        async with aio.insecure_channel(broker.address) as channel:
+            stats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+                broker_pb2.GetStatsRequest(), metadata=admin, timeout=RPC_SECONDS
+            )
+        assert stats.auth_refusals == 2, stats  # the Subscribe as app-1 and the GetStats without a token
     logs = a.log() + b.log() + monitor.log()
     assert "Traceback" not in logs
     # Auth was on in each process; only the test's own bad calls were refused, never a service's link.

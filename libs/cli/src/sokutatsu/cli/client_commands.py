@@ -121,7 +121,7 @@ def metrics_table(s: broker_pb2.BrokerStats) -> Table:
             f"{_mib(s.max_bytes) if s.max_bytes else '-'} MiB)  "
             f"on disk {s.spilled_count} msgs  streams pub {s.publisher_streams} sub {s.subscriber_streams}  "
             f"published {s.published_total} dup {s.duplicates_total} dropped {s.dropped_total} "
-            f"refused {s.rejected_total}"
+            f"refused {s.rejected_total}" + (f"  auth refusals {s.auth_refusals}" if s.auth_refusals else "")
         ),
         title_justify="left",
     )

@@ -8,7 +8,8 @@ with ``UNAUTHENTICATED`` when there is none, and checks the method's rule
 the servicer reads it, refusing with ``PERMISSION_DENIED``.
 
 Each refusal is logged once per (principal or peer host, method) and counted in
-:attr:`AuthInterceptor.violations` (by status code), which the log line reports.
+:attr:`AuthInterceptor.violations` (by status code): the log line reports the total, and the
+bootstrap hands :meth:`AuthInterceptor.refusals` to the service (the broker's ``BrokerStats``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class AuthInterceptor(aio.ServerInterceptor):
         self.violations: collections.Counter[str] = collections.Counter()
         self._logged: set[tuple[str, str]] = set()
 
+    def refusals(self) -> int:
+        """Calls refused so far, whatever the code."""
+        return sum(self.violations.values())
+
     # ----------------------------------------------------------- decisions --
 
     async def _refuse(self, context: _Context, code: grpc.StatusCode, who: str, method: str, message: str) -> NoReturn:
@@ -77,7 +82,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                 method,
                 who,
                 message,
-                sum(self.violations.values()),
+                self.refusals(),
             )
         await context.abort(code, message)
 

@@ -77,6 +77,8 @@ class ServiceContext:
     untraced: set[str] = field(default_factory=set)
     # host:port the service answers on, set once it listens (empty before).
     address: str = ""
+    # Calls refused by auth so far (always 0 with auth off), for the service's stats.
+    auth_refusals: Callable[[], int] = lambda: 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def start_background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -147,19 +149,14 @@ async def serve(
     health = health_aio.HealthServicer()
     untraced: set[str] = set()
 
-    def traced(details: grpc.HandlerCallDetails) -> bool:
-        return details.method not in untraced
-
-    # OpenTelemetry outermost, so it records the status auth or the domain mapping chose.
-    interceptors: list[aio.ServerInterceptor] = [aio_server_interceptor(filter_=traced)]  # type: ignore[no-untyped-call]
-    if auth is not None:
-        interceptors.append(AuthInterceptor(auth))
-    interceptors.append(DomainErrorInterceptor())
-    server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    guard = AuthInterceptor(auth) if auth is not None else None
+    server = aio.server(interceptors=_interceptors(untraced, guard), options=SERVER_OPTIONS)
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
         context = ServiceContext(
             service=service, runtime=runtime, stack=stack, health=health, _group=group, untraced=untraced
         )
+        if guard is not None:
+            context.auth_refusals = guard.refusals
         names = list(await register(server, context))
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
@@ -204,6 +201,19 @@ async def serve(
             await server.stop(runtime.grace_seconds)
             context.cancel_background()
     log.info("%s %s stopped", service, settings.instance)
+
+
+def _interceptors(untraced: set[str], guard: AuthInterceptor | None) -> list[aio.ServerInterceptor]:
+    """OpenTelemetry outermost, so it records the status auth or the domain mapping chose."""
+
+    def traced(details: grpc.HandlerCallDetails) -> bool:
+        return details.method not in untraced
+
+    interceptors: list[aio.ServerInterceptor] = [aio_server_interceptor(filter_=traced)]  # type: ignore[no-untyped-call]
+    if guard is not None:
+        interceptors.append(guard)
+    interceptors.append(DomainErrorInterceptor())
+    return interceptors
 
 
 PARENT_CHECK_SECONDS = 1.0

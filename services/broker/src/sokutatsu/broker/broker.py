@@ -110,6 +110,8 @@ class Broker:
         self.duplicates_total = 0
         self.dropped_total = 0
         self.rejected_total = 0
+        # Calls auth refused (the bootstrap's counter; 0 with auth off).
+        self.auth_refusals: Callable[[], int] = lambda: 0
         self._rates: dict[int, Rates] = {}
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
@@ -696,6 +698,7 @@ class Broker:
             peer=self.peer,
             peer_up=self.peer_up,
             epoch=self.epoch,
+            auth_refusals=self.auth_refusals(),
         )
         for topic in self.topics.values():
             for queue in topic.queue_list:

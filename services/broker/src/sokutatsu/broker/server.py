@@ -25,6 +25,7 @@ def build(settings: BrokerSettings) -> Register:
         context.stack.callback(disk.close)
         context.start_background(disk.run(), "broker-disk")
         broker = Broker(settings, disk)
+        broker.auth_refusals = context.auth_refusals
         await join(broker)
         await broker.open()
         context.stack.push_async_callback(broker.close)
