@@ -27,7 +27,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import BrokerError, Publisher, Subscriber
 from sokutatsu.core.auth import ADMIN, DEQUEUE, ENQUEUE, PUBLISH, SERVICE, SUBSCRIBE
 from sokutatsu.core.auth_rules import RULES
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
@@ -432,10 +432,21 @@ async def test_a_pair_and_its_monitor_work_with_auth_on_and_refuse_others(
                 broker_pb2.GetStatsRequest(), metadata=admin, timeout=RPC_SECONDS
             )
         assert stats.auth_refusals == 2, stats  # the Subscribe as app-1 and the GetStats without a token
+    # The SDK with a wrong token: the broker's refusal, as the SDK's one error type.
+    with pytest.raises(BrokerError) as sdk_refused:
+        async with Publisher(a.address, "app-pub-2", token=app[::-1]):  # a token nobody has
+            pass
+    assert sdk_refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "sokutatsu auth token" in sdk_refused.value.detail
     logs = a.log() + b.log() + monitor.log()
     assert "Traceback" not in logs
     # Auth was on in each process; only the test's own bad calls were refused, never a service's link.
     assert all("auth on" in log for log in (a.log(), b.log(), monitor.log()))
     refusals = [line for line in logs.splitlines() if "auth:" in line]
-    expected = ("Subscribe to principal other", "GetStats to peer", "RequestSwitchover to principal app")
+    expected = (
+        "Subscribe to principal other",
+        "GetStats to peer",
+        "Publish to peer",
+        "RequestSwitchover to principal app",
+    )
     assert all(any(e in line for e in expected) for line in refusals), refusals
