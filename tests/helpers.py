@@ -7,15 +7,23 @@ failing test never leaves one behind.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sokutatsu.core.auth import Policy
+from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
+from sokutatsu.core.server import Register, serve
+from sokutatsu.core.tls import ServerTls
 
 # Generous bounds that only stop a hung test (well under pytest's 120 s timeout);
 # nothing asserts on durations.
@@ -137,3 +145,41 @@ def _attribute_value(value: dict[str, Any]) -> Any:
     if kind == "arrayValue":
         return [_attribute_value(v) for v in raw.get("values", [])]
     return int(raw) if kind == "intValue" else raw
+
+
+@contextlib.asynccontextmanager
+async def served(
+    tmp_path: Path,
+    register: Register,
+    *,
+    grace: float = 0.5,
+    tls: ServerTls | None = None,
+    auth: Policy | None = None,
+    stop: asyncio.Event | None = None,
+    limit: float = 30.0,
+) -> AsyncIterator[str]:
+    """The shared bootstrap's ``serve()`` in this event loop on 127.0.0.1:0 with ``register``;
+    its address (from the announce file); stopped (``stop`` set, also by the caller to stop it
+    earlier), and awaited up to ``limit``, on exit."""
+    stop = stop or asyncio.Event()
+    announce = tmp_path / f"announce-{id(stop)}.json"
+    task = asyncio.create_task(
+        serve(
+            service="probe",
+            settings=ServiceSettings(listen="127.0.0.1:0", instance="probe"),
+            runtime=RuntimeSettings(grace_seconds=grace, announce_file=announce),
+            register=register,
+            listen_var="SOKUTATSU_PROBE_LISTEN",
+            stop=stop,
+            tls=tls,
+            auth=auth,
+        )
+    )
+    try:
+        while not announce.exists():
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
+        yield str(json.loads(announce.read_text())["address"])
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, limit)

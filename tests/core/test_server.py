@@ -20,9 +20,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link
 
 from sokutatsu.core import errors
-from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
-from sokutatsu.core.server import ServiceContext, serve
+from sokutatsu.core.server import ServiceContext
 from sokutatsu.core.telemetry import JsonLinesSpanExporter
+from tests.helpers import served
 
 SERVICE = "sokutatsu.test.v1.Probe"
 # Bounds that only stop a hung test (well under pytest's timeout); no assertion is about time.
@@ -74,7 +74,6 @@ async def _probe_server(
 ) -> AsyncIterator[Probe]:
     """serve() in this event loop with the probe service (plus ``extra`` methods); stopped on exit."""
     stop = asyncio.Event()
-    announce = tmp_path / "announce.json"
     background_cancelled = asyncio.Event()
     health: list[Any] = []
 
@@ -91,25 +90,8 @@ async def _probe_server(
         context.start_background(background(), "probe-background")
         return [SERVICE]
 
-    task = asyncio.create_task(
-        serve(
-            service="probe",
-            settings=ServiceSettings(listen="127.0.0.1:0", instance="p1"),
-            runtime=RuntimeSettings(grace_seconds=grace, announce_file=announce),
-            register=register,
-            listen_var="SOKUTATSU_PROBE_LISTEN",
-            stop=stop,
-        )
-    )
-    try:
-        while not announce.exists():
-            assert not task.done(), task
-            await asyncio.sleep(0.01)
-        address = json.loads(announce.read_text())["address"]
+    async with served(tmp_path, register, grace=grace, stop=stop, limit=LIMIT_SECONDS) as address:
         yield Probe(address=address, stop=stop, health=health[0], background_cancelled=background_cancelled)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, LIMIT_SECONDS)
 
 
 @pytest.fixture

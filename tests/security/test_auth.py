@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -30,13 +29,13 @@ from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import BrokerError, Publisher, Subscriber
 from sokutatsu.core.auth import ADMIN, DEQUEUE, ENQUEUE, PUBLISH, SERVICE, SUBSCRIBE
 from sokutatsu.core.auth_rules import RULES
-from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
-from sokutatsu.core.server import ServiceContext, serve
+from sokutatsu.core.server import ServiceContext
 from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.v1 import queuedb_pb2
 from sokutatsu.sequencer.v1 import sequencer_pb2
 from tests.broker.fix_broker import BrokerProcess, until
+from tests.helpers import served
 from tests.monitor.fix_monitor import MonitorProcess
 from tests.security.fix_auth import AuthFile
 from tests.security.fix_tls import Certs
@@ -123,8 +122,6 @@ def _handler(method: MethodDescriptor) -> grpc.RpcMethodHandler[Any, Any]:
 @contextlib.asynccontextmanager
 async def every_service(tmp_path: Path, auth_file: AuthFile, tls: Any = None) -> AsyncIterator[str]:
     """serve() with auth on and every method of every service; its address."""
-    stop = asyncio.Event()
-    announce = tmp_path / f"announce-{id(stop)}.json"
 
     async def register(srv: aio.Server, context: ServiceContext) -> Sequence[str]:
         services: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
@@ -134,26 +131,8 @@ async def every_service(tmp_path: Path, auth_file: AuthFile, tls: Any = None) ->
             srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         return list(services)
 
-    task = asyncio.create_task(
-        serve(
-            service="probe",
-            settings=ServiceSettings(listen="127.0.0.1:0", instance="auth"),
-            runtime=RuntimeSettings(grace_seconds=0.5, announce_file=announce),
-            register=register,
-            listen_var="SOKUTATSU_PROBE_LISTEN",
-            stop=stop,
-            tls=tls,
-            auth=auth_file.policy,
-        )
-    )
-    try:
-        while not announce.exists():
-            assert not task.done(), task
-            await asyncio.sleep(0.01)
-        yield json.loads(announce.read_text())["address"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, LIMIT_SECONDS)
+    async with served(tmp_path, register, tls=tls, auth=auth_file.policy, limit=LIMIT_SECONDS) as address:
+        yield address
 
 
 async def call_once(

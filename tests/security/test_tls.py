@@ -8,9 +8,7 @@ a plaintext server refuses every TLS client, a plaintext client is refused by ev
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -19,10 +17,10 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
-from sokutatsu.core.server import ServiceContext, serve
+from sokutatsu.core.server import ServiceContext
 from sokutatsu.core.settings import SettingsError
 from sokutatsu.core.tls import ChannelTls, ServerTls, client_tls, open_channel, server_tls
+from tests.helpers import served
 from tests.security.fix_tls import Certs
 
 LIMIT_SECONDS = 30.0
@@ -33,31 +31,12 @@ RPC_SECONDS = 10.0
 @contextlib.asynccontextmanager
 async def tls_server(tmp_path: Path, tls: ServerTls | None) -> AsyncIterator[str]:
     """serve() in this event loop (health only) with ``tls``; its address."""
-    stop = asyncio.Event()
-    announce = tmp_path / f"announce-{id(stop)}.json"
 
     async def register(srv: aio.Server, context: ServiceContext) -> Sequence[str]:
         return []
 
-    task = asyncio.create_task(
-        serve(
-            service="probe",
-            settings=ServiceSettings(listen="127.0.0.1:0", instance="tls"),
-            runtime=RuntimeSettings(grace_seconds=0.5, announce_file=announce),
-            register=register,
-            listen_var="SOKUTATSU_PROBE_LISTEN",
-            stop=stop,
-            tls=tls,
-        )
-    )
-    try:
-        while not announce.exists():
-            assert not task.done(), task
-            await asyncio.sleep(0.01)
-        yield json.loads(announce.read_text())["address"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, LIMIT_SECONDS)
+    async with served(tmp_path, register, tls=tls, limit=LIMIT_SECONDS) as address:
+        yield address
 
 
 async def health(address: str, tls: ChannelTls | None) -> str:
