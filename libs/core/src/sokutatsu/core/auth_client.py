@@ -19,30 +19,29 @@ def _with_token(details: aio.ClientCallDetails, header: tuple[str, str]) -> aio.
     return aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready)
 
 
-class _BearerUnaryUnary(aio.UnaryUnaryClientInterceptor):
+class _Bearer:
+    """The header every call gets. (grpc.aio files an interceptor under its first call kind
+    only, so each kind needs a class of its own.)"""
+
     def __init__(self, header: tuple[str, str]) -> None:
         self.header = header
 
+
+class _BearerUnaryUnary(_Bearer, aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(
         self, continuation: Callable[..., Any], client_call_details: aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(_with_token(client_call_details, self.header), request)
 
 
-class _BearerUnaryStream(aio.UnaryStreamClientInterceptor):
-    def __init__(self, header: tuple[str, str]) -> None:
-        self.header = header
-
+class _BearerUnaryStream(_Bearer, aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(
         self, continuation: Callable[..., Any], client_call_details: aio.ClientCallDetails, request: Any
     ) -> Any:
         return await continuation(_with_token(client_call_details, self.header), request)
 
 
-class _BearerStreamUnary(aio.StreamUnaryClientInterceptor):
-    def __init__(self, header: tuple[str, str]) -> None:
-        self.header = header
-
+class _BearerStreamUnary(_Bearer, aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(
         self,
         continuation: Callable[..., Any],
@@ -52,10 +51,7 @@ class _BearerStreamUnary(aio.StreamUnaryClientInterceptor):
         return await continuation(_with_token(client_call_details, self.header), request_iterator)
 
 
-class _BearerStreamStream(aio.StreamStreamClientInterceptor):
-    def __init__(self, header: tuple[str, str]) -> None:
-        self.header = header
-
+class _BearerStreamStream(_Bearer, aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(
         self,
         continuation: Callable[..., Any],
