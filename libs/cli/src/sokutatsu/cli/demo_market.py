@@ -274,10 +274,9 @@ class Desks:
 async def market_desks(cfg: MarketConfig, brokers: list[str], progress: Progress) -> AsyncIterator[Desks]:
     """Start the desks' processes; stopped (killed if need be) on exit.
 
-    Subscribe before any other client publishes on the brokers: a broker starts a new
-    queue's switchover floor at the last number of every publisher it knows, whatever the
-    topic, and a desk never acknowledges a publisher of another topic, so the monitor
-    could never move it (docs/demo.md, "Known limits").
+    Subscribe before the feed publishes: a broker starts a new queue's switchover floor at
+    the last number of each publisher of its topic, and a desk that joined later could not be
+    moved while such a publisher stayed quiet (docs/demo.md, "Known limits").
     """
     symbols = make_symbols(cfg.symbols, random.Random(SYMBOLS_SEED))  # noqa: S311 - sample data
     normal, slow = make_desks(symbols, cfg)
