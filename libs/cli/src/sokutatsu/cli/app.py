@@ -19,6 +19,7 @@ from sokutatsu.cli import (
     analyze_command,
     auth_command,
     bench_analytics,
+    bench_soak,
     certs,
     client_commands,
     queuedb_command,
@@ -255,6 +256,7 @@ bench_app.command("peers")(client_commands.bench_peers)
 bench_app.command("sequencer")(client_commands.bench_sequencer)
 bench_app.command("queue-db")(client_commands.bench_queuedb)
 bench_app.command("analytics")(bench_analytics.bench_analytics)
+bench_app.command("soak")(bench_soak.bench_soak)
 app.add_typer(bench_app, name="bench")
 queuedb_app = typer.Typer(help="Queue-db administration.", no_args_is_help=True)
 queuedb_app.command("migrate")(queuedb_command.queuedb_migrate)
