@@ -76,7 +76,7 @@ MIB = 2**20
 @dataclass(frozen=True)
 class SoakConfig:
     minutes: float = 30.0
-    rate: int = 200  # messages per second offered
+    rate: int = 500  # messages per second offered
     size: int = 1024  # body bytes
     slow_rate: float = 10.0  # what the slow subscriber consumes per second while publishing goes on
     max_bytes: int = 64 * MIB  # SOKUTATSU_BROKER_MAX_BYTES: message bytes a broker may hold in memory
