@@ -293,3 +293,86 @@ async def test_only_the_standby_spills_for_a_migrated_subscriber(
         slow.delay = 0.0
     slow.check({"feed": total})
     assert slow.brokers == ["broker-b"]
+
+
+async def _subscriptions(address: str) -> set[str]:
+    async with aio.insecure_channel(address) as channel:
+        listed = await broker_pb2_grpc.BrokerAdminStub(channel).ListSubscriptions(
+            broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
+        )
+    return {s.subscriber_id for s in listed.subscriptions}
+
+
+async def _create_on(address: str, subscriber_id: str) -> None:
+    spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate").subscription
+    async with aio.insecure_channel(address) as channel:
+        await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+            broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10
+        )
+
+
+@pytest.mark.parametrize("created_on", ["active", "standby"])
+async def test_a_durable_subscription_created_on_one_broker_reaches_the_other(
+    pair_factory: Callable[..., Awaitable[Pair]], created_on: str
+) -> None:
+    """A client's CreateSubscription that reached one broker only: the pair copies it over its
+    own link, so the other broker holds it too (as a shadow on the standby)."""
+    pair = await pair_factory()
+    one, other = (pair.active, pair.standby) if created_on == "active" else (pair.standby, pair.active)
+    await _create_on(one.address, "desk")
+    await until(lambda: _has(other.address, "desk"), "the subscription to reach the other broker")
+    expected = broker_pb2.QUEUE_STATE_SHADOW if other is pair.standby else broker_pb2.QUEUE_STATE_SERVING
+    assert (await subscriber_stats(other.address, "desk")).state == expected
+    desk = Consumer(pair, "desk", 500)
+    async with consuming(desk):
+        await _publish(pair, "feed", 500)
+    desk.check({"feed": 500})
+    assert desk.brokers == ["broker-a"]
+
+
+async def _has(address: str, subscriber_id: str) -> bool:
+    return subscriber_id in await _subscriptions(address)
+
+
+async def test_a_standby_that_was_down_when_a_subscription_was_made_holds_it_after_rejoining(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Made while the standby was down, the subscription reaches it when it comes back; once it
+    is back, a kill -9 of the active fails the subscriber over to it with nothing lost."""
+    pair = await pair_factory()
+    pair.standby.kill9()
+    desk = Consumer(pair, "desk", 1000)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        await _publish(pair, "feed", 500)
+        await until(lambda: _async(len(desk.got) == 500), "the first 500 before the standby returns")
+        pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+        pair.standby.start()
+        await until(lambda: _has(pair.standby.address, "desk"), "the subscription to reach the rejoined standby")
+        assert (await subscriber_stats(pair.standby.address, "desk")).state == broker_pb2.QUEUE_STATE_SHADOW
+        # From here the standby holds every message for the subscriber; the active dies mid-stream.
+        async with Publisher(pair.addresses, "feed-2", ack_timeout=60) as pub:
+            for i in range(250):
+                await pub.publish(TOPIC, "K", f"feed-2:{i + 1}".encode())
+            pair.active.kill9()
+            for i in range(250, 500):
+                await pub.publish(TOPIC, "K", f"feed-2:{i + 1}".encode())
+    desk.check({"feed": 500, "feed-2": 500})
+    assert desk.brokers == ["broker-a", "broker-b"]
+
+
+async def test_a_subscription_deleted_on_one_broker_is_not_brought_back_by_the_peer(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory()
+    await _create_on(pair.active.address, "gone")
+    await until(lambda: _has(pair.standby.address, "gone"), "the subscription to reach the standby")
+    async with aio.insecure_channel(pair.standby.address) as channel:
+        await broker_pb2_grpc.BrokerAdminStub(channel).DeleteSubscription(
+            broker_pb2.DeleteSubscriptionRequest(topic=TOPIC, subscriber_id="gone"), timeout=10
+        )
+    # The active's next list (sent because of this creation) still names "gone".
+    await _create_on(pair.active.address, "later")
+    await until(lambda: _has(pair.standby.address, "later"), "the next list to reach the standby")
+    assert await _subscriptions(pair.standby.address) == {"later"}
+    assert await _subscriptions(pair.active.address) == {"gone", "later"}

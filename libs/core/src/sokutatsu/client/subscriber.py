@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
+import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_METHOD = "/sokutatsu.broker.v1.Broker/Subscribe"
 # How long close() waits to deliver its final acknowledgement.
 FINAL_ACK_SECONDS = 2.0
+# A durable subscription this SDK created on one broker only (the other did not answer)
+# reaches the other through the pair's own link within milliseconds; until then that
+# broker answers NOT_FOUND, which is retried this long before it is final.
+MISSING_GRACE_SECONDS = 5.0
 _MODES = {
     None: broker_pb2.OVERFLOW_MODE_UNSPECIFIED,
     "flow-to-disk": broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK,
@@ -114,6 +119,8 @@ class Subscriber:
         self._unacked = 0
         self._call: _SubscribeCall | None = None
         self._failure: Exception | None = None
+        # When the brokers started answering NOT_FOUND for the durable subscription (None: they do not).
+        self._missing_since: float | None = None
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -269,7 +276,7 @@ class Subscriber:
                 self._address_index = self.addresses.index(redirect.target)
                 continue
             except aio.AioRpcError as exc:
-                if not reconnectable(exc):
+                if not reconnectable(exc) and not self._created_elsewhere(exc):
                     self._failure = BrokerError(exc.code(), exc.details() or "")
                     self._arrived.set()
                     return
@@ -283,6 +290,16 @@ class Subscriber:
                 self.connected.clear()
             self._address_index += 1
             await asyncio.sleep(backoff.next_delay())
+
+    def _created_elsewhere(self, error: aio.AioRpcError) -> bool:
+        """Whether ``error`` is a NOT_FOUND for the durable subscription this SDK created,
+        within the grace its pair needs to copy it from the broker that has it."""
+        if error.code() != grpc.StatusCode.NOT_FOUND or not self.subscription.durable:
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._missing_since is None:
+            self._missing_since = now
+        return now - self._missing_since < MISSING_GRACE_SECONDS
 
     async def _session(self, address: str, backoff: Backoff) -> None:
         async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
@@ -318,6 +335,7 @@ class Subscriber:
                     self._accept(response.batch.messages)
                 elif kind == "subscribed":
                     self.broker_id = response.subscribed.broker_id
+                    self._missing_since = None
                     self.connected.set()
                     backoff.reset()
                 elif kind == "redirect":

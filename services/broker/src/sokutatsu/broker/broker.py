@@ -11,7 +11,7 @@ import logging
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +113,12 @@ class Broker:
         # Calls auth refused (the bootstrap's counter; 0 with auth off).
         self.auth_refusals: Callable[[], int] = lambda: 0
         self._rates: dict[int, Rates] = {}
+        # Bumped when a durable subscription is created here: the watermark stream then
+        # sends the peer the whole list (pair.py), so the pair holds each one on both.
+        self.subscriptions_version = 0
+        # (topic, subscriber id) of durable subscriptions deleted here: the peer's list
+        # does not bring them back (until a client creates one again).
+        self._deleted: set[tuple[str, str]] = set()
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
 
@@ -242,8 +248,45 @@ class Broker:
             return existing.spec
         self._add_queue(spec)
         if spec.durable:
+            self._deleted.discard((spec.topic, spec.subscriber_id))
+            self.subscriptions_version += 1
             await self._save_catalog()
         return spec
+
+    def durable_subscriptions(self) -> list[broker_pb2.Subscription]:
+        return [q.spec.to_proto() for t in self.topics.values() for q in t.queue_list if q.spec.durable]
+
+    async def adopt_subscriptions(self, subscriptions: Sequence[broker_pb2.Subscription]) -> None:
+        """The peer's durable subscriptions: create those this broker lacks.
+
+        A client's ``CreateSubscription`` may have reached one broker only (the other was
+        down or did not answer in time); without its queue here, a subscriber redirected
+        or failed over to this broker would be refused, and what was published meanwhile
+        would not be kept for it. One this broker deleted is not brought back.
+        """
+        adopted = 0
+        for sub in subscriptions:
+            topic = self.topics.get(sub.topic)
+            if (sub.topic, sub.subscriber_id) in self._deleted or (topic and sub.subscriber_id in topic.queues):
+                continue
+            try:
+                spec = self.subscription_spec(sub)
+                await self._topic_or_create(spec.topic)
+            except (NotFound, InvalidArgument) as exc:
+                log.warning(
+                    "the peer's subscription of %r to %r is not created here: %s", sub.subscriber_id, sub.topic, exc
+                )
+                continue
+            queue = self._add_queue(spec)
+            adopted += 1
+            log.info(
+                "created %s's subscription to %s as the peer holds it (%s here)",
+                spec.subscriber_id,
+                spec.topic,
+                _STATE_NAMES[queue.state],
+            )
+        if adopted:
+            await self._save_catalog()
 
     def queue(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
         queue = self._topic(topic).queues.get(subscriber_id)
@@ -260,6 +303,7 @@ class Broker:
             raise FailedPrecondition(f"{subscriber_id!r} is connected to {topic_name!r}; disconnect it first")
         self._remove_queue(queue)
         if queue.spec.durable:
+            self._deleted.add((topic_name, subscriber_id))
             await self._save_catalog()
 
     def _remove_queue(self, queue: SubscriptionQueue) -> None:
@@ -293,6 +337,11 @@ class Broker:
                     f"{spec.subscriber_id!r} is still connected to {spec.topic!r} and its stream did not end; retry"
                 ) from None
         if spec.durable:
+            known = self.topics.get(spec.topic)
+            if spec.subscriber_id not in (known.queues if known else {}) and self._peer_holds_it():
+                # The peer is active and up: the subscription is its to serve (this broker
+                # has not heard of it yet; the peer's watermark stream brings it here).
+                raise PeerServes(broker_pb2.Redirect(target=self.peer, reason="not held here; the active holds it"))
             queue = self.queue(spec.topic, spec.subscriber_id)
             if queue.spec != spec:
                 raise FailedPrecondition(
@@ -312,6 +361,9 @@ class Broker:
         generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
         self.subscriber_streams += 1
         return queue, generation
+
+    def _peer_holds_it(self) -> bool:
+        return self.role == STANDBY and bool(self.peer) and self.peer_up
 
     def _claim(self, queue: SubscriptionQueue) -> None:
         """A subscriber came for a queue the peer serves: send it there, or serve it when the
@@ -526,6 +578,7 @@ class Broker:
         queue = topic.queues.get(spec.subscriber_id)
         if queue is None:
             queue = self._add_queue(spec, SERVING)
+            self.subscriptions_version += 1
             await self._save_catalog()
         elif queue.spec != spec:
             raise FailedPrecondition(

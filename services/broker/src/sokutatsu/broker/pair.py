@@ -6,7 +6,9 @@ something changed, and a frame at least every :data:`KEEPALIVE_SECONDS` in any
 case. The receiver trims its shadow copies with them, and the frames are also
 how each broker knows its peer is up: no frame for ``PEER_TIMEOUT_MS`` and the
 peer counts as down (publishes are acknowledged alone, with ``single_copy``;
-the peer's subscribers are served here when they come).
+the peer's subscribers are served here when they come). The first frame of a
+stream, and the next one after a durable subscription is created, also list
+the sender's durable subscriptions; the receiver creates those it lacks.
 
 At start, a broker with a peer asks the peer's role: when the peer is already
 active (it took over while this one was away), this one rejoins as standby.
@@ -97,17 +99,21 @@ async def _frames(
     # A new stream starts with every position: the peer may have missed earlier frames.
     marks = broker.watermarks(everything=True)
     last_sent = 0.0
+    subscriptions_sent = -1
     while broker.peer == peer:
         now = loop.time()
-        if marks or now - last_sent >= KEEPALIVE_SECONDS:
+        version = broker.subscriptions_version
+        if marks or now - last_sent >= KEEPALIVE_SECONDS or version != subscriptions_sent:
             yield broker_pb2.DeliveredWatermarks(
                 broker_id=broker.settings.instance,
                 subscribers=marks,
                 address=address,
                 role=broker.role,
                 epoch=broker.epoch,
+                subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
             )
             last_sent = now
+            subscriptions_sent = version
         await asyncio.sleep(interval)
         marks = broker.watermarks()
 
@@ -115,3 +121,5 @@ async def _frames(
 async def receive_watermarks(broker: Broker, frames: AsyncIterator[broker_pb2.DeliveredWatermarks]) -> None:
     async for frame in frames:
         broker.apply_watermarks(frame)
+        if frame.subscriptions:
+            await broker.adopt_subscriptions(frame.subscriptions)

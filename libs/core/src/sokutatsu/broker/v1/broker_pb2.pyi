@@ -483,20 +483,27 @@ class PublishOpened(_message.Message):
 
     LAST_SEQ_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_MESSAGES_FIELD_NUMBER: _builtins.int
     last_seq: _builtins.int
     """The highest publisher_seq this broker already holds for the publisher
     (0 if none); a reconnecting publisher resends what follows it.
     """
     broker_id: _builtins.str
+    max_batch_messages: _builtins.int
+    """The most messages one PublishBatch may hold here (0 = no limit,
+    SOKUTATSU_BROKER_MAX_BATCH_MESSAGES); a larger batch ends the stream with
+    INVALID_ARGUMENT. The SDK keeps its batches within it.
+    """
     def __init__(
         self,
         *,
         last_seq: _builtins.int = ...,
         broker_id: _builtins.str = ...,
+        max_batch_messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "last_seq", b"last_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "last_seq", b"last_seq", "max_batch_messages", b"max_batch_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1074,6 +1081,7 @@ class BrokerStats(_message.Message):
     PEER_UP_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     AUTH_REFUSALS_FIELD_NUMBER: _builtins.int
+    CLIENT_LIMITS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1108,6 +1116,12 @@ class BrokerStats(_message.Message):
     """Calls refused by auth since start (UNAUTHENTICATED and PERMISSION_DENIED; 0 with auth off)."""
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStats]: ...
+    @_builtins.property
+    def client_limits(self) -> Global___ClientLimits:
+        """The limits per client in force and what they refused since start
+        (docs/security.md, Limits per connection).
+        """
+
     def __init__(
         self,
         *,
@@ -1132,14 +1146,78 @@ class BrokerStats(_message.Message):
         peer_up: _builtins.bool = ...,
         epoch: _builtins.int = ...,
         auth_refusals: _builtins.int = ...,
+        client_limits: Global___ClientLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client_limits", b"client_limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerStats: _TypeAlias = BrokerStats  # noqa: Y015
+
+@_typing.final
+class ClientLimits(_message.Message):
+    """Limits per client: the authenticated principal when auth is on (service
+    principals are not limited), else one gRPC connection. 0 = no limit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_FRAME_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_MESSAGES_FIELD_NUMBER: _builtins.int
+    BATCH_REFUSALS_FIELD_NUMBER: _builtins.int
+    MAX_STREAMS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    STREAM_REFUSALS_FIELD_NUMBER: _builtins.int
+    MAX_SUBSCRIPTIONS_PER_CLIENT_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_REFUSALS_FIELD_NUMBER: _builtins.int
+    MAX_PUBLISH_RATE_FIELD_NUMBER: _builtins.int
+    THROTTLED_BATCHES_FIELD_NUMBER: _builtins.int
+    max_frame_bytes: _builtins.int
+    """SOKUTATSU_MAX_FRAME_BYTES: gRPC refuses a larger frame itself
+    (RESOURCE_EXHAUSTED) before the broker sees it, so it has no counter here.
+    """
+    max_batch_messages: _builtins.int
+    """SOKUTATSU_BROKER_MAX_BATCH_MESSAGES, and the Publish streams ended with
+    INVALID_ARGUMENT for a batch holding more.
+    """
+    batch_refusals: _builtins.int
+    max_streams_per_client: _builtins.int
+    """SOKUTATSU_BROKER_MAX_STREAMS_PER_CLIENT, and the Publish and Subscribe
+    streams refused (RESOURCE_EXHAUSTED) because the client held that many.
+    """
+    stream_refusals: _builtins.int
+    max_subscriptions_per_client: _builtins.int
+    """SOKUTATSU_BROKER_MAX_SUBSCRIPTIONS_PER_CLIENT, and the CreateSubscription
+    calls and non-durable Subscribe streams refused (RESOURCE_EXHAUSTED).
+    """
+    subscription_refusals: _builtins.int
+    max_publish_rate: _builtins.float
+    """SOKUTATSU_BROKER_MAX_PUBLISH_RATE (messages per second), and the publish
+    batches the broker held back to keep a client within it (throttled, not
+    refused).
+    """
+    throttled_batches: _builtins.int
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: _builtins.int = ...,
+        max_batch_messages: _builtins.int = ...,
+        batch_refusals: _builtins.int = ...,
+        max_streams_per_client: _builtins.int = ...,
+        stream_refusals: _builtins.int = ...,
+        max_subscriptions_per_client: _builtins.int = ...,
+        subscription_refusals: _builtins.int = ...,
+        max_publish_rate: _builtins.float = ...,
+        throttled_batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_refusals", b"batch_refusals", "max_batch_messages", b"max_batch_messages", "max_frame_bytes", b"max_frame_bytes", "max_publish_rate", b"max_publish_rate", "max_streams_per_client", b"max_streams_per_client", "max_subscriptions_per_client", b"max_subscriptions_per_client", "stream_refusals", b"stream_refusals", "subscription_refusals", b"subscription_refusals", "throttled_batches", b"throttled_batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientLimits: _TypeAlias = ClientLimits  # noqa: Y015
 
 @_typing.final
 class SubscriberStats(_message.Message):
@@ -1541,6 +1619,7 @@ class DeliveredWatermarks(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -1554,6 +1633,15 @@ class DeliveredWatermarks(_message.Message):
     epoch: _builtins.int
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]:
+        """The durable subscriptions the sender holds: every one in the first frame
+        of a stream, and again whenever the sender creates one. The receiver
+        creates those it lacks (a client's CreateSubscription that reached only
+        one broker, or one made while this broker was down), so the pair holds
+        each durable subscription on both.
+        """
+
     def __init__(
         self,
         *,
@@ -1562,10 +1650,11 @@ class DeliveredWatermarks(_message.Message):
         address: _builtins.str = ...,
         role: Global___BrokerRole.ValueType = ...,
         epoch: _builtins.int = ...,
+        subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "role", b"role", "subscribers", b"subscribers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "role", b"role", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
