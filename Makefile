@@ -47,3 +47,4 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench queue-db $(if $(QUICK),--quick) --json bench/results/queue-db$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench throughput --tracing $(if $(QUICK),--quick) --json bench/results/throughput-tracing$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench analytics $(if $(QUICK),--spans 100000) --json bench/results/analytics$(if $(QUICK),-quick).json
+	$(RUN) sokutatsu bench soak $(if $(QUICK),--quick) --json bench/results/soak$(if $(QUICK),-quick).json
