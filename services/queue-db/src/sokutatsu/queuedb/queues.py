@@ -29,6 +29,7 @@ from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, enqueue_batch_async
 from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.queuedb.text import refuse_nul
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.wake import Waker
 
@@ -258,6 +259,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def CreateQueue(
         self, request: queuedb_pb2.CreateQueueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.CreateQueueResponse:
+        refuse_nul(request)
         wanted = request.queue
         name = _name(_required(wanted.name, "Queue.name"), "queue name")
         _validate_rule(wanted)
@@ -292,6 +294,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def GetQueue(
         self, request: queuedb_pb2.GetQueueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.Queue:
+        refuse_nul(request)
         name = _required(request.name, "GetQueueRequest.name")
         async with self.db.transaction() as conn:
             cursor = await conn.execute(_SELECT_QUEUE, (name,))
@@ -311,6 +314,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def GetQueueStats(
         self, request: queuedb_pb2.GetQueueStatsRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.QueueStats:
+        refuse_nul(request)
         name = _required(request.queue, "GetQueueStatsRequest.queue")
         async with self.db.transaction() as conn:
             cursor = await conn.execute(_STATS, {"queue": name})
@@ -330,6 +334,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Enqueue(
         self, request: queuedb_pb2.EnqueueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.EnqueueResponse:
+        refuse_nul(request)
         name = _required(request.queue, "EnqueueRequest.queue")
         count, limit, largest = len(request.messages), self.settings.max_batch, self.settings.max_body_bytes
         if count == 0:
@@ -390,6 +395,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Dequeue(
         self, request: queuedb_pb2.DequeueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.DequeueResponse:
+        refuse_nul(request)
         name = _required(request.queue, "DequeueRequest.queue")
         if request.wait_ms > MAX_WAIT_MS:
             raise InvalidArgument(
@@ -425,6 +431,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Ack(
         self, request: queuedb_pb2.AckRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.AckResponse:
+        refuse_nul(request)
         name = _required(request.queue, "AckRequest.queue")
         expired = await self._settle(name, list(request.lease_ids), _ACK, {}, "an Ack")
         return queuedb_pb2.AckResponse(expired=expired)
@@ -432,6 +439,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Nack(
         self, request: queuedb_pb2.NackRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.NackResponse:
+        refuse_nul(request)
         name = _required(request.queue, "NackRequest.queue")
         delay_ms = _delay(request.delay_ms, "NackRequest.delay_ms")
         expired = await self._settle(name, list(request.lease_ids), _NACK, {"delay_ms": delay_ms}, "a Nack")

@@ -25,6 +25,7 @@ from psycopg import sql
 from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
+from sokutatsu.queuedb.text import refuse_nul
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 # Receiving queues are created in a transaction of their own, committed before the batch's:
@@ -72,6 +73,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
             yield await self._deliver(batch)
 
     async def _deliver(self, request: queuedb_pb2.TransferBatch) -> queuedb_pb2.TransferAck:
+        refuse_nul(request)
         sender = request.sender_node
         if not sender:
             raise InvalidArgument("TransferBatch.sender_node is empty: name the sending node")
@@ -132,6 +134,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
     async def GetRecoveryState(
         self, request: queuedb_pb2.GetRecoveryStateRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.RecoveryState:
+        refuse_nul(request)
         if not request.sender_node:
             raise InvalidArgument("GetRecoveryStateRequest.sender_node is empty: name the sending node")
         # A write committed with the flush: everything committed before it, sender-durable batches
@@ -153,6 +156,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         self, request: queuedb_pb2.PrepareBatchRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.PrepareBatchResponse:
         """Store the batch in a transaction and ``PREPARE TRANSACTION`` it under the sender's gid."""
+        refuse_nul(request)
         batch = request.batch
         gid = _check_gid(request.gid, batch.sender_node)
         messages = list(batch.messages)
@@ -185,6 +189,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
     async def FinishPrepared(
         self, request: queuedb_pb2.FinishPreparedRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.FinishPreparedResponse:
+        refuse_nul(request)
         gid = _check_gid(request.gid, "")
         verb = "COMMIT PREPARED" if request.commit else "ROLLBACK PREPARED"
         async with self.db.transaction() as conn:
@@ -200,6 +205,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
     async def ListPrepared(
         self, request: queuedb_pb2.ListPreparedRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.ListPreparedResponse:
+        refuse_nul(request)
         prefix = gid_prefix(request.sender_node) if request.sender_node else GID_PREFIX
         async with self.db.transaction() as conn:
             cursor = await conn.execute(
