@@ -79,6 +79,10 @@ class _Link:
     single_copy: bool = False
     # Loop time of the last frame written (adaptive batching).
     last_send: float = float("-inf")
+    # The broker's most messages per batch (PublishOpened.max_batch_messages; 0 = no limit).
+    max_batch: int = 0
+    # Why the last attempt to open the stream failed (for the error when none opened).
+    last_error: str = ""
 
 
 _PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
@@ -161,7 +165,10 @@ class Publisher:
             raise self._failure
         if not done:
             await self.close()
-            raise ConnectionError(f"no broker answered within {self.connect_timeout:g}s: {self.addresses}")
+            why = "; ".join(f"{link.address}: {link.last_error}" for link in self._links if link.last_error)
+            raise ConnectionError(
+                f"no broker answered within {self.connect_timeout:g}s: {self.addresses}" + (f" ({why})" if why else "")
+            )
         last = max(link.broker_last_seq for link in self._links)
         self._next_seq = last + 1
         self._acked = last
@@ -327,6 +334,7 @@ class Publisher:
                 if not isinstance(error, aio.AioRpcError):  # pragma: no cover - the group holds only these
                     raise
                 if reconnectable(error):
+                    link.last_error = f"{error.code().name}: {error.details()}"
                     log.info("publish stream to %s broke (%s); reconnecting", link.address, error.code().name)
                 else:
                     self._fail(BrokerError(error.code(), error.details() or ""))
@@ -359,6 +367,8 @@ class Publisher:
                 await raise_status(call)
                 raise StreamEnded
             last = first.opened.last_seq
+            link.max_batch = first.opened.max_batch_messages
+            link.last_error = ""
             link.broker_last_seq = last
             link.acked_through = max(link.acked_through, last, self._acked)
             link.sent_through = link.acked_through
@@ -393,8 +403,10 @@ class Publisher:
                 lingered = False
                 await link.wake.wait()
                 continue
+            # Within the broker's limit (SOKUTATSU_BROKER_MAX_BATCH_MESSAGES) whatever batch_messages says.
+            batch_messages = min(self.batch_messages, link.max_batch) if link.max_batch else self.batch_messages
             if (
-                ready < self.batch_messages
+                ready < batch_messages
                 and self.linger > 0
                 and not lingered
                 and loop.time() - link.last_send < self.linger
@@ -411,7 +423,7 @@ class Publisher:
             topic = pending[index].topic
             elements: list[bytes] = []
             size = 0
-            end = min(len(pending), index + self.batch_messages)
+            end = min(len(pending), index + batch_messages)
             i = index
             while i < end and size < self.batch_bytes:
                 item = pending[i]

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from sokutatsu.core.settings import (
     Settings,
+    SettingsError,
     parse_address,
     parse_bool,
     parse_int,
@@ -15,8 +16,24 @@ from sokutatsu.core.settings import (
     parse_name,
     parse_optional_path,
     parse_positive_float,
+    parse_size,
     setting,
 )
+
+# SOKUTATSU_MAX_FRAME_BYTES: its default and bounds. The floor keeps every frame the suite makes
+# itself (1 MiB delivery and SDK batches, a 1 MiB body, a stats reply) well within it; the ceiling
+# stays under gRPC's own maximum (2 GiB - 1).
+DEFAULT_MAX_FRAME_BYTES = 16 * 2**20
+MIN_MAX_FRAME_BYTES = 4 * 2**20
+MAX_MAX_FRAME_BYTES = 1 * 2**30
+
+
+def parse_frame_bytes(raw: str) -> int:
+    value = parse_size(raw)
+    if not MIN_MAX_FRAME_BYTES <= value <= MAX_MAX_FRAME_BYTES:
+        raise SettingsError("expected 4MiB to 1GiB")
+    return value
+
 
 # The registry of the SOKUTATSU_* namespace. Core cannot import the services,
 # so it lists what they own; tests/cli checks it against every settings class.
@@ -80,6 +97,14 @@ class RuntimeSettings(Settings):
         "Let a service without TLS (SOKUTATSU_TLS_CERT) listen on a non-loopback address, e.g. inside a "
         "private container network; without it such a service refuses to start (docs/security.md).",
         parse_bool,
+    )
+    max_frame_bytes: int = setting(
+        "MAX_FRAME_BYTES",
+        DEFAULT_MAX_FRAME_BYTES,
+        "Largest gRPC message (frame) a service accepts or sends, from 4MiB to 1GiB, e.g. 16MiB. gRPC itself "
+        "refuses a larger one before the service sees it: the call ends with RESOURCE_EXHAUSTED "
+        "(docs/security.md, Limits per connection).",
+        parse_frame_bytes,
     )
 
 

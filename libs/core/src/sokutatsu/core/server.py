@@ -43,7 +43,7 @@ from sokutatsu.core.auth import Policy, server_policy
 from sokutatsu.core.auth_interceptor import AuthInterceptor
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.interceptors import DomainErrorInterceptor
-from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
+from sokutatsu.core.runtime_settings import DEFAULT_MAX_FRAME_BYTES, RuntimeSettings, ServiceSettings
 from sokutatsu.core.settings import SettingsError, load
 from sokutatsu.core.telemetry import setup_telemetry
 from sokutatsu.core.tls import ServerTls, check_plaintext, server_tls
@@ -52,15 +52,26 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
 
-# Frames larger than this are refused; batching keeps frames well under it.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-SERVER_OPTIONS: list[tuple[str, Any]] = [
-    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy
-    # port silently; a busy port must be an error.
-    ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+# The default largest frame (SOKUTATSU_MAX_FRAME_BYTES); batching keeps frames well under it.
+MAX_MESSAGE_BYTES = DEFAULT_MAX_FRAME_BYTES
+
+
+def server_options(max_frame_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """The options of every service's gRPC server.
+
+    A frame over ``max_frame_bytes`` is refused by gRPC itself, before the service's code sees
+    it: the call ends with ``RESOURCE_EXHAUSTED`` (docs/security.md, Limits per connection).
+    """
+    return [
+        # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy
+        # port silently; a busy port must be an error.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", max_frame_bytes),
+        ("grpc.max_send_message_length", max_frame_bytes),
+    ]
+
+
+SERVER_OPTIONS: list[tuple[str, Any]] = server_options()
 
 
 @dataclass
@@ -150,7 +161,7 @@ async def serve(
     untraced: set[str] = set()
 
     guard = AuthInterceptor(auth) if auth is not None else None
-    server = aio.server(interceptors=_interceptors(untraced, guard), options=SERVER_OPTIONS)
+    server = aio.server(interceptors=_interceptors(untraced, guard), options=server_options(runtime.max_frame_bytes))
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
         context = ServiceContext(
             service=service, runtime=runtime, stack=stack, health=health, _group=group, untraced=untraced

@@ -10,17 +10,28 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.limits import Limits
 from sokutatsu.broker.pair import join, stream_watermarks, watch_peer
 from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2_grpc
+from sokutatsu.core.auth import server_policy
+from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 
 RATES_INTERVAL_SECONDS = 1.0
+# Room in a publish frame for everything but one message's body (its key, headers, framing).
+FRAME_OVERHEAD = 64 * 2**10
 
 
 def build(settings: BrokerSettings) -> Register:
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
+        limits = Limits(settings, context.runtime.max_frame_bytes, server_policy())
+        if settings.max_body + FRAME_OVERHEAD > limits.max_frame_bytes:
+            raise StartupError(
+                f"SOKUTATSU_BROKER_MAX_BODY ({settings.max_body} bytes) does not fit in a frame of "
+                f"SOKUTATSU_MAX_FRAME_BYTES ({limits.max_frame_bytes} bytes); raise the frame size or lower the body"
+            )
         disk = DiskWorker()
         context.stack.callback(disk.close)
         context.start_background(disk.run(), "broker-disk")
@@ -38,14 +49,14 @@ def build(settings: BrokerSettings) -> Register:
         context.start_background(rates(), "broker-rates")
         context.start_background(stream_watermarks(broker, lambda: context.address), "broker-watermarks")
         context.start_background(watch_peer(broker), "broker-peer-watch")
-        server.add_generic_rpc_handlers((DataPlane(broker).handler(),))
+        server.add_generic_rpc_handlers((DataPlane(broker, limits).handler(),))
         context.untraced |= {
             f"/{SERVICE}/Publish",
             f"/{SERVICE}/Subscribe",
             "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
             "/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks",
         }
-        broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker), server)
+        broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker, limits), server)
         broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker), server)
         return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -13,6 +14,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker, PeerServes
 from sokutatsu.broker.catalog import TopicSpec
+from sokutatsu.broker.limits import Client, Limits
 from sokutatsu.broker.pair import receive_watermarks
 from sokutatsu.broker.settings import parse_peer
 from sokutatsu.broker.subscription_queue import SubscriptionQueue
@@ -57,10 +59,11 @@ def _frame(request: Any, cls: type[M]) -> M:
 
 
 class DataPlane:
-    """``Broker``: the publish and subscribe streams."""
+    """``Broker``: the publish and subscribe streams, within the limits per client (limits.py)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, limits: Limits) -> None:
         self.broker = broker
+        self.limits = limits
 
     async def publish(
         self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
@@ -73,6 +76,8 @@ class DataPlane:
             raise InvalidArgument("the first frame of a Publish stream must be PublishOpen")
         publisher_id = first.open.publisher_id
         state = self.broker.publisher(publisher_id)
+        client = self.limits.client(context)
+        self.limits.open_stream(client, "Publish")
         self.broker.resume_publisher(publisher_id, state, first.open.first_unacked_seq)
         self.broker.publisher_streams += 1
         # Frames are stored as they arrive (a reader task); acknowledgements follow in order,
@@ -82,12 +87,11 @@ class DataPlane:
         async def read() -> None:
             try:
                 async for raw in requests:
-                    request = _frame(raw, broker_pb2.PublishRequest)
-                    if request.WhichOneof("frame") != "batch":
-                        raise InvalidArgument(
-                            "after PublishOpen, every frame of a Publish stream must be a PublishBatch"
-                        )
-                    acks.put_nowait(await self.broker.publish(publisher_id, state, request.batch))
+                    batch = self._batch(raw, client)
+                    # Over the rate, the next frame is read only later: gRPC flow control holds
+                    # the publisher back (and its acknowledgements come later).
+                    await self.limits.throttle(client, len(batch.messages))
+                    acks.put_nowait(await self.broker.publish(publisher_id, state, batch))
             finally:
                 acks.put_nowait(None)
 
@@ -102,7 +106,11 @@ class DataPlane:
         self.broker.peer_listeners.add(peer_changed)
         try:
             yield broker_pb2.PublishResponse(
-                opened=broker_pb2.PublishOpened(last_seq=state.last_seq, broker_id=self.broker.settings.instance)
+                opened=broker_pb2.PublishOpened(
+                    last_seq=state.last_seq,
+                    broker_id=self.broker.settings.instance,
+                    max_batch_messages=self.limits.max_batch_messages,
+                )
             )
             ended = False
             while not ended:
@@ -124,9 +132,18 @@ class DataPlane:
         finally:
             # Count first: awaiting below may be cut short by a second cancellation.
             self.broker.publisher_streams -= 1
+            self.limits.close_stream(client)
             self.broker.peer_listeners.discard(peer_changed)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    def _batch(self, raw: Any, client: Client | None) -> broker_pb2.PublishBatch:
+        """A Publish frame after PublishOpen: a batch within the limit."""
+        request = _frame(raw, broker_pb2.PublishRequest)
+        if request.WhichOneof("frame") != "batch":
+            raise InvalidArgument("after PublishOpen, every frame of a Publish stream must be a PublishBatch")
+        self.limits.check_batch(client, request.batch)
+        return request.batch
 
     async def subscribe(
         self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
@@ -138,6 +155,30 @@ class DataPlane:
         request = _frame(first, broker_pb2.SubscribeRequest)
         if request.WhichOneof("frame") != "open":
             raise InvalidArgument("the first frame of a Subscribe stream must be SubscribeOpen")
+        client = self.limits.client(context)
+        subscription = request.open.subscription
+        live = (subscription.topic, subscription.subscriber_id) if not subscription.durable else None
+        self.limits.open_stream(client, "Subscribe")
+        try:
+            if live is not None:
+                # A live non-durable subscription counts while its stream lasts.
+                self.limits.hold_subscription(client, live, self._exists)
+            # Closed here, not whenever it is collected: its own clean-up detaches the queue.
+            async with contextlib.aclosing(self._subscribe(requests, request)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            if live is not None:
+                self.limits.release_subscription(live)
+            self.limits.close_stream(client)
+
+    def _exists(self, subscription: tuple[str, str]) -> bool:
+        return _exists(self.broker, subscription)
+
+    async def _subscribe(
+        self, requests: AsyncIterator[Any], request: broker_pb2.SubscribeRequest
+    ) -> AsyncGenerator[bytes | broker_pb2.SubscribeResponse, None]:
+        """The Subscribe stream after its first frame (the caller counts it for the limits)."""
         try:
             queue, generation = await self.broker.attach(request.open)
         except PeerServes as serves:
@@ -195,9 +236,18 @@ class DataPlane:
 
 
 class Admin(broker_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, broker: Broker, stats_interval: float = 1.0) -> None:
+    def __init__(self, broker: Broker, limits: Limits, stats_interval: float = 1.0) -> None:
         self.broker = broker
+        self.limits = limits
         self.stats_interval = stats_interval
+
+    def _stats(self) -> broker_pb2.BrokerStats:
+        stats = self.broker.stats()
+        stats.client_limits.CopyFrom(self.limits.stats())
+        return stats
+
+    def _exists(self, subscription: tuple[str, str]) -> bool:
+        return _exists(self.broker, subscription)
 
     async def CreateTopic(
         self, request: broker_pb2.CreateTopicRequest, context: aio.ServicerContext[Any, Any]
@@ -221,13 +271,25 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         self, request: broker_pb2.CreateSubscriptionRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.CreateSubscriptionResponse:
         spec = self.broker.subscription_spec(request.subscription)
-        created = await self.broker.create_subscription(spec)
+        key = (spec.topic, spec.subscriber_id)
+        # A durable subscription counts for the client that created it while it exists.
+        new = spec.durable and not self._exists(key)
+        client = self.limits.client(context)
+        if new:
+            self.limits.hold_subscription(client, key, self._exists)
+        try:
+            created = await self.broker.create_subscription(spec)
+        except BaseException:
+            if new:
+                self.limits.release_subscription(key)
+            raise
         return broker_pb2.CreateSubscriptionResponse(subscription=created.to_proto())
 
     async def DeleteSubscription(
         self, request: broker_pb2.DeleteSubscriptionRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.DeleteSubscriptionResponse:
         await self.broker.delete_subscription(request.topic, request.subscriber_id)
+        self.limits.release_subscription((request.topic, request.subscriber_id))
         return broker_pb2.DeleteSubscriptionResponse()
 
     async def ListSubscriptions(
@@ -243,7 +305,7 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
     async def GetStats(
         self, request: broker_pb2.GetStatsRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.BrokerStats:
-        return self.broker.stats()
+        return self._stats()
 
     async def WatchStats(
         self, request: broker_pb2.WatchStatsRequest, context: aio.ServicerContext[Any, Any]
@@ -252,8 +314,14 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         if interval < 0.01:
             raise InvalidArgument("WatchStats.interval_ms must be at least 10")
         while True:
-            yield self.broker.stats()
+            yield self._stats()
             await asyncio.sleep(interval)
+
+
+def _exists(broker: Broker, subscription: tuple[str, str]) -> bool:
+    """Whether the broker holds a subscription of (topic, subscriber id)."""
+    topic = broker.topics.get(subscription[0])
+    return topic is not None and subscription[1] in topic.queues
 
 
 def _credit_frame(raw: Any) -> broker_pb2.SubscriberCredit:

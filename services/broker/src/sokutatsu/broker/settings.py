@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -27,6 +28,16 @@ def parse_positive_count(raw: str) -> int:
     value = parse_count(raw)
     if value < 1:
         raise SettingsError("expected 1 or more")
+    return value
+
+
+def parse_rate(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError("expected messages per second, e.g. 50000 (0 = no limit)") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError("expected 0 (no limit) or more messages per second")
     return value
 
 
@@ -148,4 +159,36 @@ class BrokerSettings(ServiceSettings):
         "bytes (trimmed by what the subscriber acknowledges there): enough for a subscriber that caught up to "
         "move back at once, and to lose nothing if the standby dies while it is within the tail.",
         parse_size,
+    )
+    # Limits per client (docs/security.md, Limits per connection). A client is the authenticated
+    # principal when auth is on (principals with service = true, the suite's own links, are not
+    # limited), else one gRPC connection (the peer's host:port).
+    max_batch_messages: int = setting(
+        "MAX_BATCH_MESSAGES",
+        10_000,
+        "Most messages one PublishBatch frame may hold (0 = no limit); more is refused with INVALID_ARGUMENT. "
+        "The broker tells publishers its limit when their stream opens and the SDK keeps its batches within it.",
+        parse_count,
+    )
+    max_streams_per_client: int = setting(
+        "MAX_STREAMS_PER_CLIENT",
+        1000,
+        "Most Publish and Subscribe streams one client may hold open at once (0 = no limit); one more is "
+        "refused with RESOURCE_EXHAUSTED.",
+        parse_count,
+    )
+    max_subscriptions_per_client: int = setting(
+        "MAX_SUBSCRIPTIONS_PER_CLIENT",
+        1000,
+        "Most subscriptions one client may hold: durable ones it created that still exist plus its live "
+        "non-durable ones (0 = no limit); one more is refused with RESOURCE_EXHAUSTED.",
+        parse_count,
+    )
+    max_publish_rate: float = setting(
+        "MAX_PUBLISH_RATE",
+        0.0,
+        "Messages per second one client may publish, over all its Publish streams (0 = no limit). Over it the "
+        "broker reads the client's next batch only when the rate allows (a token bucket holding one second's "
+        "worth): the publisher is slowed by gRPC flow control and later acknowledgements, nothing is refused.",
+        parse_rate,
     )
