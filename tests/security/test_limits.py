@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc import aio
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
+from sokutatsu.core.server import ServiceContext, serve
 from sokutatsu.core.tls import open_channel
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, until
 from tests.broker.raw import batch, message, open_publish, open_subscribe, publish, read_seqs
@@ -112,6 +116,52 @@ async def test_a_frame_over_the_maximum_is_refused_by_grpc_with_resource_exhaust
         assert opened.last_seq == 3
     assert (await _limits(broker.address)).max_frame_bytes == 4 * MiB
     await _bystander_check(broker.address)
+
+
+async def test_every_service_takes_the_frame_limit_from_the_shared_bootstrap(tmp_path: Path) -> None:
+    """The bootstrap's ``serve()`` (every service's) with a 4 MiB limit, probed on reflection."""
+    announce = tmp_path / "announce.json"
+    stop = asyncio.Event()
+
+    async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
+        return []
+
+    task = asyncio.create_task(
+        serve(
+            service="probe",
+            settings=ServiceSettings(listen="127.0.0.1:0", instance="probe"),
+            runtime=RuntimeSettings(grace_seconds=0.5, announce_file=announce, max_frame_bytes=4 * MiB),
+            register=register,
+            listen_var="SOKUTATSU_PROBE_LISTEN",
+            stop=stop,
+        )
+    )
+    try:
+        await until(_exists(announce), "the probe service to serve")
+        address = json.loads(announce.read_text())["address"]
+        async with connection(address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            for size, refused in ((3 * MiB, False), (5 * MiB, True)):
+                request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="x" * size)
+                call = stub.ServerReflectionInfo(iter([request]), timeout=RPC_SECONDS)
+                if refused:
+                    error = await _status(call.read())
+                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "Received message larger than max" in (error.details() or "")
+                else:
+                    answer = await call.read()
+                    assert isinstance(answer, reflection_pb2.ServerReflectionResponse)
+                    assert answer.HasField("error_response")  # no such symbol: answered, not refused
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def _exists(path: Path) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await asyncio.to_thread(path.exists)
+
+    return check
 
 
 def test_the_frame_setting_is_checked_at_start(tmp_path: Path) -> None:
