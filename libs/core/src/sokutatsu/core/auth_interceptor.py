@@ -25,6 +25,7 @@ from grpc import aio
 
 from sokutatsu.core.auth import ADMIN, FILE_VAR, TOKEN_VAR, Policy, Principal
 from sokutatsu.core.auth_rules import RULES, Check, Rule, is_open
+from sokutatsu.core.interceptors import Undecodable
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ class AuthInterceptor(aio.ServerInterceptor):
                 method,
                 f"{method} has no authorisation rule, so nobody may call it",
             )
+        if isinstance(request, Undecodable):
+            request = None  # checked as a stream's opening is; the servicer's guard refuses it (INVALID_ARGUMENT)
         resource = rule.resource(request) if rule.resource is not None and request is not None else None
         subscriber = rule.subscriber(request) if rule.subscriber is not None and request is not None else None
         await self.check(context, principal, method, rule, (rule.permission, resource, subscriber))

@@ -4,7 +4,9 @@ It is the innermost interceptor, so the OpenTelemetry interceptor around it
 records the final status. A :class:`~sokutatsu.core.errors.SokutatsuError`
 becomes its ``code`` with its message; any other exception is logged with its
 traceback and becomes ``INTERNAL`` with a message pointing at the log, so no
-stack trace ever reaches a client.
+stack trace ever reaches a client. A request (or a frame of a request stream)
+whose bytes do not decode as the RPC's request message is ``INVALID_ARGUMENT``
+(grpcio alone would answer ``UNKNOWN``, or ``INTERNAL`` inside a stream).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
-from sokutatsu.core.errors import SokutatsuError
+from sokutatsu.core.errors import InvalidArgument, SokutatsuError
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,55 @@ async def _abort(context: aio.ServicerContext[Any, Any], exc: Exception, method:
     )
 
 
-def _guard(behavior: _Behavior, method: str) -> _Behavior:
+class Undecodable:
+    """What the lenient deserializer gives for bytes that are not a valid request message; the guard
+    refuses it (the auth interceptor, outside the guard, lets it through to be refused)."""
+
+    def __init__(self, kind: str, error: str) -> None:
+        self.kind = kind
+        self.error = error
+
+    def refusal(self) -> InvalidArgument:
+        return InvalidArgument(
+            f"the request could not be decoded as a {self.kind} ({self.error}); send a serialized {self.kind}"
+        )
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    owner = getattr(deserializer, "__self__", None)  # Message.FromString is a classmethod
+    kind = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "request message")
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return Undecodable(kind, str(exc))
+
+    return parse
+
+
+async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.refusal()
+        yield request
+
+
+def _checked(request: Any, request_stream: bool) -> Any:
+    """The request, refused if it did not decode; a request stream refuses each frame that did not."""
+    if isinstance(request, Undecodable):
+        raise request.refusal()
+    return _decoded(request) if request_stream else request
+
+
+def _guard(behavior: _Behavior, method: str, request_stream: bool) -> _Behavior:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             try:
+                request = _checked(request, request_stream)
                 async for item in behavior(request, context):
                     yield item
             except aio.AbortError:
@@ -51,6 +98,7 @@ def _guard(behavior: _Behavior, method: str) -> _Behavior:
 
     async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
+            request = _checked(request, request_stream)
             result = behavior(request, context)
             if inspect.isawaitable(result):
                 result = await result
@@ -76,15 +124,15 @@ class DomainErrorInterceptor(aio.ServerInterceptor):
             return handler
         method: str = handler_call_details.method
         kwargs = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _lenient(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_guard(handler.unary_unary, method), **kwargs)
+            return grpc.unary_unary_rpc_method_handler(_guard(handler.unary_unary, method, False), **kwargs)
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(_guard(handler.unary_stream, method), **kwargs)
+            return grpc.unary_stream_rpc_method_handler(_guard(handler.unary_stream, method, False), **kwargs)
         if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(_guard(handler.stream_unary, method), **kwargs)
+            return grpc.stream_unary_rpc_method_handler(_guard(handler.stream_unary, method, True), **kwargs)
         if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(_guard(handler.stream_stream, method), **kwargs)
+            return grpc.stream_stream_rpc_method_handler(_guard(handler.stream_stream, method, True), **kwargs)
         return handler
