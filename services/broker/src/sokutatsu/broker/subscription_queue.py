@@ -419,10 +419,11 @@ class SubscriptionQueue:
             return
         self._reading = True
         log_ = self.log
+        emptied = self._emptied
 
         async def read() -> None:
             try:
-                if self.closed:
+                if self.closed or emptied != self._emptied:
                     return
                 try:
                     records = await self._disk.run_blocking(log_.read, limit, self._batch_bytes)
@@ -434,7 +435,9 @@ class SubscriptionQueue:
                     records = []
                     self.disk_count = 0
                     self.disk_bytes = 0
-                if self.closed:
+                if self.closed or emptied != self._emptied:
+                    # Emptied while the read ran (switchover step 4): its log is gone, and
+                    # these records are no longer owed; the counters were reset then.
                     return
                 if not records:
                     self.disk_count = min(self.disk_count, log_.unread_count)
