@@ -3,7 +3,10 @@
 Migrations are the numbered ``migrations/NNNN_name.sql`` files of this package, applied in
 order, each in its own transaction together with its row in ``sokutatsu.schema_migrations``,
 under an advisory lock so that several processes starting at once apply each one once.
-The queue-db service applies them at start; ``sokutatsu queuedb migrate`` applies them by hand.
+Then ``roles.sql`` grants the least-privilege roles what they need (every table, so a later
+migration's tables too). ``sokutatsu queuedb migrate`` applies them by hand, as the schema's
+owner; the queue-db service applies them at start when the database is behind (and leaves a
+current one alone, so it can run as a role that may not change the schema).
 """
 
 from __future__ import annotations
@@ -74,7 +77,16 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 (migration.version, migration.name),
             )
             applied.append(migration.version)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute(ROLES_SQL.encode())
     return applied
+
+
+ROLES_SQL = resources.files("sokutatsu.queuedb").joinpath("roles.sql").read_text()
+# The roles roles.sql grants: an application's enqueues, and the queue-db processes.
+ENQUEUE_ROLE = "sokutatsu_enqueue"
+SERVICE_ROLE = "sokutatsu_queue_service"
 
 
 def current_version(conn: psycopg.Connection[Any]) -> int:

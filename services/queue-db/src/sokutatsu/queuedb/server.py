@@ -22,7 +22,7 @@ from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.queues import QueueServicer
 from sokutatsu.queuedb.receiver import TransferReceiver
-from sokutatsu.queuedb.schema import migrate
+from sokutatsu.queuedb.schema import current_version, latest_version, migrate
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.wake import Waker
@@ -33,7 +33,11 @@ SERVICES = [queuedb_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("Queu
 
 
 def _migrate(dsn: str) -> list[int]:
+    """Bring a database that is behind up to this version's schema; leave a current one alone
+    (the node may run as a least-privilege role that cannot change it: docs/queue-db.md)."""
     with psycopg.connect(dsn, autocommit=True, connect_timeout=database.CONNECT_TIMEOUT_SECONDS) as conn:
+        if current_version(conn) == latest_version():
+            return []
         return migrate(conn)
 
 
@@ -55,7 +59,8 @@ def build(settings: QueueDbSettings) -> Register:
         except psycopg.Error as exc:
             raise StartupError(
                 f"cannot apply the queue-db schema migrations in {where}: {error_line(exc, settings.dsn)} "
-                "(the role needs CREATE on the database)"
+                "(a role that may change the schema must apply them: run `sokutatsu queuedb migrate` with the "
+                "schema owner's DSN, docs/queue-db.md)"
             ) from None
         log.info(
             "node %s uses PostgreSQL %s at %s; schema migrations applied now: %s",
