@@ -45,12 +45,16 @@ from sokutatsu.core.errors import StartupError
 from sokutatsu.core.interceptors import DomainErrorInterceptor
 from sokutatsu.core.runtime_settings import DEFAULT_MAX_FRAME_BYTES, RuntimeSettings, ServiceSettings
 from sokutatsu.core.settings import SettingsError, load
+from sokutatsu.core.shutdown import watch_stop
 from sokutatsu.core.telemetry import setup_telemetry
 from sokutatsu.core.tls import ServerTls, check_plaintext, server_tls
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
+
+# A stop still running this long after its grace period logs what it waits for.
+STOP_OVERRUN_SECONDS = 2.0
 
 # The default largest frame (SOKUTATSU_MAX_FRAME_BYTES); batching keeps frames well under it.
 MAX_MESSAGE_BYTES = DEFAULT_MAX_FRAME_BYTES
@@ -208,9 +212,11 @@ async def serve(
             log.info("%s %s stopping (grace %.1fs)", service, settings.instance, runtime.grace_seconds)
         finally:
             # Also when a background task failed: stop serving before the task group unwinds.
+            watchdog = watch_stop(f"{service} {settings.instance}", runtime.grace_seconds + STOP_OVERRUN_SECONDS)
             await health.enter_graceful_shutdown()
             await server.stop(runtime.grace_seconds)
             context.cancel_background()
+    watchdog.cancel()
     log.info("%s %s stopped", service, settings.instance)
 
 
