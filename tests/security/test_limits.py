@@ -291,10 +291,15 @@ async def test_one_subscription_over_the_maximum_is_resource_exhausted(
         # Attaching to the durable subscription it holds is no new subscription.
         attached = await open_subscribe(channel, "durable-1", "t.limits", credits=10, durable=True)
         attached.cancel()
+        # The same live subscriber reconnecting takes over its stream: no new subscription.
+        again = await open_subscribe(channel, "live-1", "t.limits", credits=10)
+        assert await live.read() is aio.EOF
+        error = await _status(open_subscribe(channel, "live-2", "t.limits", credits=10))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # Another client is not counted with it.
         await _create(other, "durable-3")
         # Ending the live stream and deleting the durable one make room again.
-        live.cancel()
+        again.cancel()
 
         async def room() -> bool:
             try:
@@ -314,7 +319,7 @@ async def test_one_subscription_over_the_maximum_is_resource_exhausted(
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     limits = await _limits(broker.address)
     assert limits.max_subscriptions_per_client == 2
-    assert limits.subscription_refusals >= 3
+    assert limits.subscription_refusals >= 4
 
 
 # ------------------------------------------------------------------ publish rate --

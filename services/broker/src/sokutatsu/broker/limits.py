@@ -113,6 +113,8 @@ class Limits:
         # and its live non-durable ones; who holds each.
         self._subscriptions: dict[str, set[SubscriptionKey]] = {}
         self._holder: dict[SubscriptionKey, str] = {}
+        self._refs: dict[SubscriptionKey, int] = {}
+        self._durable: set[SubscriptionKey] = set()
         self._buckets: dict[str, Bucket] = {}
         self._logged: set[tuple[str, str]] = set()
 
@@ -184,19 +186,31 @@ class Limits:
 
     # -------------------------------------------------------- subscriptions --
     def hold_subscription(
-        self, client: Client | None, subscription: SubscriptionKey, exists: Callable[[SubscriptionKey], bool]
-    ) -> None:
-        """Count a new subscription for ``client``; ``RESOURCE_EXHAUSTED`` when it holds the maximum.
+        self,
+        client: Client | None,
+        subscription: SubscriptionKey,
+        exists: Callable[[SubscriptionKey], bool],
+        *,
+        durable: bool,
+    ) -> bool:
+        """Count a subscription for ``client``; ``RESOURCE_EXHAUSTED`` when it holds the maximum.
 
-        ``exists`` says whether a durable subscription counted earlier still exists (it may
-        have been deleted on the peer, or by an administrator): those gone are not counted.
+        Returns whether it was counted, so the caller releases it (:meth:`release_subscription`)
+        only then. One already counted (the same subscriber reconnecting and taking over its
+        stream, or a duplicate the broker then refuses) is no new subscription: it is counted
+        once, with a reference per holder. ``exists`` says whether a durable subscription counted
+        earlier still exists (it may have been deleted on the peer): those gone are not counted.
         """
         if client is None:
-            return
+            return False
+        if subscription in self._holder:
+            self._refs[subscription] += 1
+            return True
         held = self._subscriptions.setdefault(client.key, set())
         if self.max_subscriptions and len(held) >= self.max_subscriptions:
-            for gone in [s for s in held if not exists(s)]:
-                self.release_subscription(gone)
+            for gone in [s for s in held if s in self._durable and not exists(s)]:
+                self.release_subscription(gone, everyone=True)
+            held = self._subscriptions.setdefault(client.key, set())
         if self.max_subscriptions and len(held) >= self.max_subscriptions:
             self.subscription_refusals += 1
             message = (
@@ -208,9 +222,20 @@ class Limits:
             raise ResourceExhausted(message)
         held.add(subscription)
         self._holder[subscription] = client.key
+        self._refs[subscription] = 1
+        if durable:
+            self._durable.add(subscription)
+        return True
 
-    def release_subscription(self, subscription: SubscriptionKey) -> None:
-        """A counted subscription is gone (deleted, or a non-durable stream ended)."""
+    def release_subscription(self, subscription: SubscriptionKey, *, everyone: bool = False) -> None:
+        """One holder of a counted subscription let it go (a non-durable stream ended, a create
+        failed); with ``everyone``, the subscription is gone (a durable one deleted)."""
+        refs = self._refs.get(subscription, 0) - 1
+        if refs > 0 and not everyone:
+            self._refs[subscription] = refs
+            return
+        self._refs.pop(subscription, None)
+        self._durable.discard(subscription)
         key = self._holder.pop(subscription, None)
         if key is None:
             return

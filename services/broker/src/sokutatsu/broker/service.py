@@ -159,16 +159,17 @@ class DataPlane:
         subscription = request.open.subscription
         live = (subscription.topic, subscription.subscriber_id) if not subscription.durable else None
         self.limits.open_stream(client, "Subscribe")
+        counted = False
         try:
             if live is not None:
                 # A live non-durable subscription counts while its stream lasts.
-                self.limits.hold_subscription(client, live, self._exists)
+                counted = self.limits.hold_subscription(client, live, self._exists, durable=False)
             # Closed here, not whenever it is collected: its own clean-up detaches the queue.
             async with contextlib.aclosing(self._subscribe(requests, request)) as responses:
                 async for response in responses:
                     yield response
         finally:
-            if live is not None:
+            if live is not None and counted:
                 self.limits.release_subscription(live)
             self.limits.close_stream(client)
 
@@ -274,13 +275,11 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         key = (spec.topic, spec.subscriber_id)
         # A durable subscription counts for the client that created it while it exists.
         new = spec.durable and not self._exists(key)
-        client = self.limits.client(context)
-        if new:
-            self.limits.hold_subscription(client, key, self._exists)
+        counted = new and self.limits.hold_subscription(self.limits.client(context), key, self._exists, durable=True)
         try:
             created = await self.broker.create_subscription(spec)
         except BaseException:
-            if new:
+            if counted:
                 self.limits.release_subscription(key)
             raise
         return broker_pb2.CreateSubscriptionResponse(subscription=created.to_proto())
@@ -289,7 +288,7 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         self, request: broker_pb2.DeleteSubscriptionRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.DeleteSubscriptionResponse:
         await self.broker.delete_subscription(request.topic, request.subscriber_id)
-        self.limits.release_subscription((request.topic, request.subscriber_id))
+        self.limits.release_subscription((request.topic, request.subscriber_id), everyone=True)
         return broker_pb2.DeleteSubscriptionResponse()
 
     async def ListSubscriptions(
