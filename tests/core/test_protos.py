@@ -34,4 +34,4 @@ def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
 
 def test_every_area_has_a_v1_api() -> None:
     areas = {p.parent.parent.name for p in (ROOT / "protos").glob("sokutatsu/*/v1/*.proto")}
-    assert areas == {"broker", "monitor", "sequencer", "queuedb"}
+    assert areas == {"broker", "monitor", "sequencer", "queuedb", "core"}

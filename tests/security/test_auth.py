@@ -31,6 +31,7 @@ from sokutatsu.core.auth import ADMIN, DEQUEUE, ENQUEUE, PUBLISH, SERVICE, SUBSC
 from sokutatsu.core.auth_rules import RULES
 from sokutatsu.core.server import ServiceContext
 from sokutatsu.core.tls import open_channel
+from sokutatsu.core.v1 import process_pb2
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.v1 import queuedb_pb2
 from sokutatsu.sequencer.v1 import sequencer_pb2
@@ -44,7 +45,13 @@ pytestmark = pytest.mark.timeout(120)
 
 LIMIT_SECONDS = 30.0
 RPC_SECONDS = 10.0
-DESCRIPTORS = (broker_pb2.DESCRIPTOR, monitor_pb2.DESCRIPTOR, sequencer_pb2.DESCRIPTOR, queuedb_pb2.DESCRIPTOR)
+DESCRIPTORS = (
+    broker_pb2.DESCRIPTOR,
+    monitor_pb2.DESCRIPTOR,
+    sequencer_pb2.DESCRIPTOR,
+    queuedb_pb2.DESCRIPTOR,
+    process_pb2.DESCRIPTOR,
+)
 # Who holds each permission in tests/security/fix_auth.py.
 HOLDER = {PUBLISH: "app", SUBSCRIBE: "app", ENQUEUE: "app", DEQUEUE: "app", ADMIN: "admin", SERVICE: "svc"}
 

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.core.health import check, wait_serving
+from sokutatsu.core.v1 import process_pb2, process_pb2_grpc
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
@@ -120,7 +121,13 @@ def test_service_serves_then_stops_on_sigterm(started: ServiceProc, request: pyt
         await wait_serving(started.address, within=START_LIMIT_SECONDS)
         for name in SERVICES[module]:
             assert await check(started.address, name) == "SERVING"
-        assert SERVICES[module] <= await _reflected(started.address)
+        assert {*SERVICES[module], "sokutatsu.core.v1.Process"} <= await _reflected(started.address)
+        async with aio.insecure_channel(started.address) as channel:
+            figures = await process_pb2_grpc.ProcessStub(channel).GetProcessStats(
+                process_pb2.GetProcessStatsRequest(), timeout=10
+            )
+        assert (figures.service, figures.pid) == (module.removeprefix("sokutatsu."), started.process.pid)
+        assert figures.rss_bytes > 0
         code, details = await _first_call(module, started.address)
         expected_code, expected_text = FIRST_CALL[module]
         assert code == expected_code

@@ -117,6 +117,8 @@ RULES: Mapping[str, Rule] = {
         "FinishPrepared",
         "ListPrepared",
     ),
+    # Every service: its process figures (sokutatsu.core.process_stats).
+    "/sokutatsu.core.v1.Process/GetProcessStats": Rule(ADMIN),
 }
 
 

@@ -43,11 +43,14 @@ from sokutatsu.core.auth import Policy, server_policy
 from sokutatsu.core.auth_interceptor import AuthInterceptor
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.interceptors import DomainErrorInterceptor
+from sokutatsu.core.process_stats import SERVICE_NAME as PROCESS_SERVICE
+from sokutatsu.core.process_stats import ProcessServicer
 from sokutatsu.core.runtime_settings import DEFAULT_MAX_FRAME_BYTES, RuntimeSettings, ServiceSettings
 from sokutatsu.core.settings import SettingsError, load
 from sokutatsu.core.shutdown import watch_stop
 from sokutatsu.core.telemetry import setup_telemetry
 from sokutatsu.core.tls import ServerTls, check_plaintext, server_tls
+from sokutatsu.core.v1 import process_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +176,10 @@ async def serve(
         if guard is not None:
             context.auth_refusals = guard.refusals
         names = list(await register(server, context))
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            server,
+        process = ProcessServicer(
+            service, settings.instance, violations=guard.violations if guard else None, tls=tls is not None
         )
+        _add_common_services(server, names, health, process)
         try:
             if tls is None:
                 port = server.add_insecure_port(settings.listen)
@@ -218,6 +220,18 @@ async def serve(
             context.cancel_background()
     watchdog.cancel()
     log.info("%s %s stopped", service, settings.instance)
+
+
+def _add_common_services(
+    server: aio.Server, names: list[str], health: health_aio.HealthServicer, process: ProcessServicer
+) -> None:
+    """What every service serves besides its own: health, its process figures, reflection of all."""
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    process_pb2_grpc.add_ProcessServicer_to_server(process, server)
+    reflection.enable_server_reflection(
+        [*names, PROCESS_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
 
 
 def _interceptors(untraced: set[str], guard: AuthInterceptor | None) -> list[aio.ServerInterceptor]:
