@@ -85,6 +85,15 @@ def test_publish_to_a_broker_that_is_not_there_is_one_line(tmp_path: Path) -> No
     assert "Connection refused" in line
 
 
+def test_metrics_process_shows_each_services_figures(broker: BrokerProcess) -> None:
+    assert broker.process is not None
+    result = _cli("metrics", "process", "-a", broker.address)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert line.startswith(f"{broker.address}  broker broker-a  pid {broker.process.pid}  up ")
+    assert line.endswith(" MiB  plaintext")
+
+
 def test_bad_key_is_refused_with_the_brokers_message(broker: BrokerProcess) -> None:
     result = _cli("publish", "t", "two words", "x", "-b", broker.address)
     assert result.returncode == 1

@@ -17,6 +17,7 @@ from rich.table import Table
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import ClientError, Publisher, Subscriber
 from sokutatsu.core.tls import open_channel
+from sokutatsu.core.v1 import process_pb2, process_pb2_grpc
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -108,8 +109,51 @@ def metrics_broker(
     _run(main())
 
 
+def metrics_process(
+    address: Annotated[
+        list[str], typer.Option("--address", "-a", help="Any service's host:port; repeat for several.")
+    ] = [DEFAULT_BROKER],  # noqa: B006 - typer reads the default
+) -> None:
+    """Each service's process figures: pid, uptime, RSS, auth refusals (any Sokutatsu service)."""
+
+    async def main() -> None:
+        # One line per process (a table would be cut to the width of a terminal, or of no terminal).
+        for target in address:
+            async with open_channel(target) as channel:
+                p = await process_pb2_grpc.ProcessStub(channel).GetProcessStats(
+                    process_pb2.GetProcessStatsRequest(), timeout=10
+                )
+            security = ("TLS" if p.tls else "plaintext") + (", auth on" if p.auth else "")
+            refusals = (
+                f"  auth refusals {p.auth_refusals} (unauthenticated {p.unauthenticated}, "
+                f"permission denied {p.permission_denied})"
+                if p.auth
+                else ""
+            )
+            console.print(
+                f"{target}  {p.service} {p.instance}  pid {p.pid}  up {p.uptime_seconds:.0f} s  "
+                f"rss {_mib(p.rss_bytes)} MiB  {security}{refusals}",
+                markup=False,
+            )
+
+    _run(main())
+
+
 def _mib(value: int) -> str:
     return f"{value / 2**20:.1f}"
+
+
+def _limit_refusals(limits: broker_pb2.ClientLimits) -> str:
+    """The per-client limits' refusals and throttles, when there were any (docs/security.md)."""
+    counts = {
+        "batch": limits.batch_refusals,
+        "streams": limits.stream_refusals,
+        "subscriptions": limits.subscription_refusals,
+        "throttled batches": limits.throttled_batches,
+    }
+    if not any(counts.values()):
+        return ""
+    return "  limits: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n)
 
 
 def metrics_table(s: broker_pb2.BrokerStats) -> Table:
@@ -121,7 +165,9 @@ def metrics_table(s: broker_pb2.BrokerStats) -> Table:
             f"{_mib(s.max_bytes) if s.max_bytes else '-'} MiB)  "
             f"on disk {s.spilled_count} msgs  streams pub {s.publisher_streams} sub {s.subscriber_streams}  "
             f"published {s.published_total} dup {s.duplicates_total} dropped {s.dropped_total} "
-            f"refused {s.rejected_total}" + (f"  auth refusals {s.auth_refusals}" if s.auth_refusals else "")
+            f"refused {s.rejected_total}"
+            + (f"  auth refusals {s.auth_refusals}" if s.auth_refusals else "")
+            + _limit_refusals(s.client_limits)
         ),
         title_justify="left",
     )
