@@ -152,22 +152,21 @@ async def serve(
     stop: asyncio.Event | None = None,
     tls: ServerTls | None = None,
     auth: Policy | None = None,
+    reload_auth: Callable[[], Policy | None] | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, then stop gracefully.
 
     With ``tls`` the port serves TLS (mTLS when it requires client certificates), else plaintext.
-    With ``auth`` every call but health and reflection is authenticated and authorised by it.
+    With ``auth`` every call but health and reflection is authenticated and authorised by it;
+    with ``reload_auth`` too, SIGHUP replaces the policy by what it returns (a bad file keeps
+    the policy in force).
     """
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    guard = AuthInterceptor(auth) if auth is not None else None
+    _handle_signals(stop, guard, reload_auth)
 
     health = health_aio.HealthServicer()
     untraced: set[str] = set()
-
-    guard = AuthInterceptor(auth) if auth is not None else None
     server = aio.server(interceptors=_interceptors(untraced, guard), options=server_options(runtime.max_frame_bytes))
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
         context = ServiceContext(
@@ -220,6 +219,33 @@ async def serve(
             context.cancel_background()
     watchdog.cancel()
     log.info("%s %s stopped", service, settings.instance)
+
+
+def _handle_signals(
+    stop: asyncio.Event, guard: AuthInterceptor | None, reload_auth: Callable[[], Policy | None] | None
+) -> None:
+    """SIGTERM and SIGINT stop the service; SIGHUP reloads the auth policy (when there is one)."""
+    loop = asyncio.get_running_loop()
+    handlers: list[tuple[signal.Signals, Callable[[], None]]] = [(signal.SIGTERM, stop.set), (signal.SIGINT, stop.set)]
+    if guard is not None and reload_auth is not None:
+        handlers.append((signal.SIGHUP, lambda: _reload_policy(guard, reload_auth)))
+    for sig, handler in handlers:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+
+
+def _reload_policy(guard: AuthInterceptor, reload_auth: Callable[[], Policy | None]) -> None:
+    try:
+        policy = reload_auth()
+    except SettingsError as exc:
+        log.error("auth policy not reloaded; the one in force stays: %s", exc)  # noqa: TRY400 - one line
+        return
+    if policy is None:
+        log.error("auth policy not reloaded: SOKUTATSU_AUTH_FILE is not set; the one in force stays")
+        return
+    guard.policy = policy
+    principals = {id(p) for p in (*policy.by_token.values(), *policy.by_cn.values())}
+    log.warning("auth policy reloaded on SIGHUP: %d principals", len(principals))
 
 
 def _add_common_services(
@@ -294,6 +320,7 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
                 listen_var=listen_var,
                 tls=tls,
                 auth=auth,
+                reload_auth=server_policy,
             )
         )
     except* StartupError as group:
