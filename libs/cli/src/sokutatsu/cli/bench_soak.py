@@ -406,7 +406,8 @@ async def _report(
         return
     minute = 0
     while True:
-        await asyncio.sleep(max(0.0, start + (minute + 1) * 60 - time.monotonic()))
+        # A moment after the minute, so the publisher has counted it.
+        await asyncio.sleep(max(0.0, start + (minute + 1) * 60 + 2 - time.monotonic()))
         minute += 1
         if not samples:
             continue
