@@ -4,12 +4,12 @@ A stop that overruns its grace period (a background task that does not end when
 cancelled, a close that waits on the network) otherwise ends in the launcher's
 SIGKILL with nothing in the log to say why. :func:`watch_stop` logs, once the
 stop has taken ``after`` seconds, the stack of every task still pending.
+:func:`stop_if_cancelled` is what keeps background loops from being that task.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,14 @@ def pending_stacks(loop: asyncio.AbstractEventLoop) -> list[str]:
     for task in asyncio.all_tasks(loop):
         if task.done() or task is current:
             continue
-        text = io.StringIO()
-        task.print_stack(limit=STACK_FRAMES, file=text)
-        stacks.append(text.getvalue().rstrip())
+        # Frame by frame rather than Task.print_stack: a frame suspended in compiled code
+        # (grpc's) can have no line number, which print_stack fails on.
+        lines = [f"task {task.get_name()}: {task.get_coro()!r}"]
+        lines += [
+            f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            for frame in task.get_stack(limit=STACK_FRAMES)
+        ]
+        stacks.append("\n".join(lines))
     return stacks
 
 
@@ -44,3 +49,17 @@ def watch_stop(what: str, after: float) -> asyncio.TimerHandle:
             log.warning("%s", stack)
 
     return loop.call_later(after, overran)
+
+
+def stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` when the current task was asked to stop.
+
+    A background loop calls it once per turn. A cancellation can be lost on its way in:
+    grpc.aio may end the call it interrupted with an ``AioRpcError`` (which the loop
+    catches as one more failed call) instead of ``CancelledError``, and the loop would go
+    on forever while the service waits for it to stop. ``Task.cancelling()`` still counts
+    the request.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -25,6 +25,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import ACTIVE, STANDBY, Broker
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ async def watch_peer(broker: Broker) -> None:
     """Run until cancelled: tell the listeners when the peer comes or goes."""
     was_up = broker.peer_up
     while True:
+        stop_if_cancelled()
         await asyncio.sleep(PEER_CHECK_SECONDS)
         up = broker.peer_up
         if up != was_up:
@@ -73,6 +75,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
     interval = max(broker.settings.watermark_interval_ms / 1000, 0.001)
     delay = RETRY_SECONDS[0]
     while True:
+        stop_if_cancelled()
         peer = broker.peer
         if not peer or not own_address():
             await asyncio.sleep(KEEPALIVE_SECONDS)

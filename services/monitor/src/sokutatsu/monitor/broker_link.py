@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import propagate
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.assignments import BrokerView
 from sokutatsu.monitor.settings import BrokerEndpoint
@@ -150,6 +151,7 @@ class BrokerLink:
         backoff = Backoff()
         request = broker_pb2.WatchStatsRequest(interval_ms=max(10, round(self.interval * 1000)))
         while True:
+            stop_if_cancelled()
             try:
                 async for stats in self.admin.WatchStats(request):
                     self.streaming = True
@@ -185,6 +187,7 @@ class BrokerLink:
         request = health_pb2.HealthCheckRequest(service="")
         timeout = max(self.interval, min(1.0, self.stale_after))
         while True:
+            stop_if_cancelled()
             try:
                 reply = await self.health.Check(request, timeout=timeout)
             except aio.AioRpcError as exc:

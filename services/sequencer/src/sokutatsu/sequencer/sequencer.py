@@ -37,6 +37,7 @@ from opentelemetry import trace
 
 from sokutatsu.client import Publisher
 from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
+from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
 from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_deficit, weights_from_counts
 from sokutatsu.ordering.wire import distribution_from_message as to_distribution
@@ -223,6 +224,7 @@ class Sequencer:
     async def watch(self) -> AsyncIterator[sequencer_pb2.Distribution]:
         sent = 0
         while not self._closed:
+            stop_if_cancelled()
             message = self.distribution_message
             if message is not None and message.id > sent:
                 sent = message.id
@@ -274,6 +276,7 @@ class Sequencer:
             await self._announce(Distribution(highest + 1, equal_weights(domains)))
         started = time.monotonic()
         while not self._closed:
+            stop_if_cancelled()
             await asyncio.sleep(interval)
             counts = await self._interval_counts()
             elapsed = max(1e-3, time.monotonic() - started)
@@ -348,6 +351,7 @@ class Sequencer:
             return
         interval = self.settings.share_check_ms / 1000
         while not self._closed:
+            stop_if_cancelled()
             await asyncio.sleep(interval)
             distribution = self.distribution
             if distribution is None:
@@ -446,6 +450,7 @@ class Sequencer:
             return
         delay = self.settings.fill_after_ms / 1000
         while not self._closed:
+            stop_if_cancelled()
             await asyncio.sleep(min(delay, 0.1))
             now = time.monotonic()
             due = [o for o in self.owned.values() if o.orphaned_at is not None and now - o.orphaned_at >= delay]
