@@ -598,8 +598,8 @@ def _fuzz(targets: Targets, method: MethodDescriptor, frames: st.SearchStrategy[
     # Collected rather than raised, so hypothesis does not shrink through many slow calls; the
     # first few are reported.
     run()
+    problem = target.unharmed()  # first: it also takes this RPC's part of the log
     assert not refused, f"{path(method)}: {len(refused)} undocumented outcomes, e.g.\n" + "\n".join(refused[:3])
-    problem = target.unharmed()
     assert not problem, problem
 
 
