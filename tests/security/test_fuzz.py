@@ -611,3 +611,17 @@ def test_fuzzed_requests(targets: Targets, method: MethodDescriptor) -> None:
 @pytest.mark.parametrize("method", METHODS, ids=path)
 def test_malformed_frames(targets: Targets, method: MethodDescriptor) -> None:
     _fuzz(targets, method, _frames(method, malformed(method.input_type)), RAW_EXAMPLES)
+
+
+def test_transfer_numbers_over_a_bigint_are_refused(targets: Targets) -> None:
+    """What the fuzzing found with more examples (PostgreSQL's bigint out of range was INTERNAL)."""
+    target = targets.get("queuedb")
+    assert target.channel is not None
+    message = queuedb_pb2.TransferredMessage(transfer_id=1, queue="q1", enqueued_unix_nano=2**64 - 1)
+    batch = queuedb_pb2.TransferBatch(sender_node="fuzz-bigint", messages=[message])
+    with pytest.raises(grpc.RpcError) as refused:
+        queuedb_pb2_grpc.TransferStub(target.channel).Deliver(batch, timeout=RPC_SECONDS)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "messages[0].enqueued_unix_nano of 18446744073709551615 is over the limit" in (refused.value.details() or "")
+    problem = target.unharmed()
+    assert not problem, problem

@@ -83,6 +83,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
                 f"a batch of {len(messages)} messages is over the limit of {self.max_batch} "
                 "(SOKUTATSU_QUEUEDB_MAX_BATCH)"
             )
+        _check_bigints(messages)
         for before, after in itertools.pairwise(messages):
             if after.transfer_id != before.transfer_id + 1:
                 raise InvalidArgument(
@@ -162,6 +163,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         messages = list(batch.messages)
         if not messages or len(messages) > self.max_batch:
             raise InvalidArgument(f"a prepared batch carries 1 to {self.max_batch} messages, not {len(messages)}")
+        _check_bigints(messages)
         await self._create_queues(messages)
         try:
             async with self.db.transaction() as conn:
@@ -229,6 +231,20 @@ def _check_gid(gid: str, sender: str) -> str:
     if not gid.startswith(gid_prefix(sender) if sender else GID_PREFIX) or len(gid) > 200:
         raise InvalidArgument(f"gid {gid[:60]!r} is not a Sokutatsu transfer gid ({gid_prefix(sender or 'sender')}…)")
     return gid
+
+
+_MAX_BIGINT = 2**63 - 1
+
+
+def _check_bigints(messages: list[queuedb_pb2.TransferredMessage]) -> None:
+    """Transfer ids and enqueue times are stored as PostgreSQL bigint: refuse what does not fit."""
+    for index, message in enumerate(messages):
+        for field in ("transfer_id", "enqueued_unix_nano"):
+            value = getattr(message, field)
+            if value > _MAX_BIGINT:
+                raise InvalidArgument(
+                    f"messages[{index}].{field} of {value} is over the limit of {_MAX_BIGINT} (a PostgreSQL bigint)"
+                )
 
 
 def _rows(messages: list[queuedb_pb2.TransferredMessage]) -> dict[str, list[Any]]:
