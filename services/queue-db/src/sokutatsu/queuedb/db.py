@@ -10,9 +10,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from sokutatsu.core.embedded_pg import error_line, redact_dsn
-from sokutatsu.core.errors import Unavailable
+from sokutatsu.core.errors import ResourceExhausted, Unavailable
 
 POOL_TIMEOUT_SECONDS = 10.0
+# SQLSTATE class 53: out of memory or disk, too many connections, max_prepared_transactions reached.
+INSUFFICIENT_RESOURCES = "53"
 
 
 class Database:
@@ -40,6 +42,16 @@ class Database:
                     await conn.execute("SET LOCAL synchronous_commit = off")
                 yield conn
         except (psycopg.OperationalError, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(INSUFFICIENT_RESOURCES):
+                # It answers, but is short of something (max_prepared_transactions for PrepareBatch,
+                # memory, disk): capacity, not an outage.
+                line = error_line(exc, self.dsn)
+                hint = f" ({exc.diag.message_hint})" if exc.diag.message_hint else ""
+                if "prepared transactions" in line:
+                    hint += "; each prepared batch holds one until FinishPrepared ends it (ListPrepared lists them)"
+                raise ResourceExhausted(
+                    f"the node's database {redact_dsn(self.dsn)} is short of a resource: {line}{hint}"
+                ) from None
             raise Unavailable(
                 f"the node's database {redact_dsn(self.dsn)} does not answer: {error_line(exc, self.dsn)}"
             ) from None
