@@ -271,3 +271,58 @@ async def test_streams_cancelled_during_read_back_lose_nothing(broker_factory: C
         return s.spilled_count == 0
 
     await until(settled, "the disk counters to settle")
+
+
+async def test_a_stalled_subscriber_over_its_disk_limit_loses_the_newest_and_nobody_else_is_affected(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """QUEUE_DISK_LIMIT: a durable subscriber that stopped reading keeps its memory budget plus at
+    most the limit; what is not kept is counted, the publisher is acknowledged throughout, a live
+    subscriber gets everything, and the stalled one's SDK reports the hole when it reads again."""
+    budget, limit, total = 64 * 1024, 256 * 1024, 1280
+    broker = broker_factory(queue_budget=str(budget), queue_disk_limit=str(limit))
+    broker.start()
+    async with Subscriber(broker.address, "stalled", "feed", durable=True) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+    live: list[int] = []
+
+    async def read_live(sub: Subscriber) -> None:
+        async for m in sub:
+            live.append(m.publisher_seq)
+            if len(live) == total:
+                return
+
+    async with Subscriber(broker.address, "live", "feed", memory_budget=16 * 2**20) as live_sub:
+        await asyncio.wait_for(live_sub.connected.wait(), 10)
+        reading = asyncio.create_task(read_live(live_sub))
+        async with Publisher(broker.address, "src", batch_messages=32) as pub:
+            for block in range(total // 32):
+                for i in range(32):
+                    pub.publish_nowait("feed", "K", f"{block * 32 + i + 1:08d}".encode() + b"x" * 1016)
+                await pub.flush()  # every batch acknowledged: the limit refuses no publisher
+        await asyncio.wait_for(reading, 60)
+    assert live == list(range(1, total + 1))
+    s = await subscriber_stats(broker.address, "stalled")
+    assert s.spilled_bytes <= limit + budget
+    assert s.dropped_over_disk_limit > 0
+    assert s.depth + s.dropped_over_disk_limit == total
+    kept = s.depth
+    seqs: list[int] = []
+    gaps: list[tuple[int, int]] = []
+
+    async def read_back() -> None:
+        async with Subscriber(broker.address, "stalled", "feed", durable=True, on_gap="report") as sub:
+            async for m in sub:
+                seqs.append(m.publisher_seq)
+                if len(seqs) == kept:
+                    # Drained, under its limit again: the next message is kept, and shows the hole.
+                    async with Publisher(broker.address, "src") as pub:
+                        pub.publish_nowait("feed", "K", b"after")
+                        await pub.flush()
+                if len(seqs) == kept + 1:
+                    gaps.extend((g.first_missing, g.last_missing) for g in sub.gaps)
+                    return
+
+    await asyncio.wait_for(read_back(), 60)
+    assert seqs == [*range(1, kept + 1), total + 1]  # the oldest were kept, the newest not
+    assert gaps == [(kept + 1, total)]

@@ -222,6 +222,7 @@ class Broker:
             # for them would hold every switchover of it at step 2 (position below the floor).
             floor=dict(topic.published),
             away_tail=self.settings.away_tail,
+            disk_limit=self.settings.queue_disk_limit,
             spec=spec,
             folder=self._queue_folder(spec),
             disk=self.disk,
@@ -767,6 +768,7 @@ class Broker:
                         memory_bytes=queue.memory_bytes,
                         memory_budget_bytes=queue.spec.budget,
                         spilled_count=queue.disk_count + queue.spilling + len(queue.spill_buffer),
+                        dropped_over_disk_limit=queue.dropped_over_disk_limit,
                         spilled_bytes=queue.disk_bytes,
                         in_flight=len(queue.in_flight),
                         credits=max(queue.credits, 0),

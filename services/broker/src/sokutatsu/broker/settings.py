@@ -152,6 +152,15 @@ class BrokerSettings(ServiceSettings):
         "100 ms in any case, so the peer knows this broker is up).",
         parse_millis,
     )
+    queue_disk_limit: int = setting(
+        "QUEUE_DISK_LIMIT",
+        0,
+        "Most bytes one subscriber queue may hold on disk beyond its memory budget (0 = no limit), e.g. 10GiB. "
+        "Over it, new messages are not kept for that subscriber (counted as dropped_over_disk_limit; its SDK "
+        "reports the gap), so a subscriber that stopped reading cannot fill the disk; publishers and other "
+        "subscribers are not affected.",
+        parse_size,
+    )
     away_tail: int = setting(
         "AWAY_TAIL",
         4 * 2**20,

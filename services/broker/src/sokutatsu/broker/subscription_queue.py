@@ -95,8 +95,13 @@ class SubscriptionQueue:
         state: broker_pb2.QueueState.ValueType = SERVING,
         floor: dict[str, int] | None = None,
         away_tail: int = 0,
+        disk_limit: int = 0,
     ) -> None:
         self.spec = spec
+        # Most bytes this queue may hold beyond its memory budget, on disk (0 = no limit); and
+        # the messages not kept for the subscriber because of it.
+        self.disk_limit = disk_limit
+        self.dropped_over_disk_limit = 0
         self.state = state
         self.away_tail = away_tail
         # Per publisher: this copy holds every matching message after this number (it may lack
@@ -203,6 +208,13 @@ class SubscriptionQueue:
                     self.floor[oldest.publisher_id] = oldest.seq
                 self._release([oldest])
         elif self.disk_mode:
+            if self.disk_limit and self.disk_bytes + self.memory_bytes > self.spec.budget + self.disk_limit:
+                # Over its disk limit (a subscriber that stopped reading): this message is not kept
+                # for it. The next one's previous_seq still names it, so the SDK reports the gap.
+                self.memory_bytes -= item.size
+                msg.release()
+                self.dropped_over_disk_limit += 1
+                return False
             self.spill_buffer.append(item)
             self.spill_appended += 1
         elif self.memory_bytes > self.spec.budget:

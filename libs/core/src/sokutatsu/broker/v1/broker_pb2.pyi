@@ -1239,6 +1239,7 @@ class SubscriberStats(_message.Message):
     OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
+    DROPPED_OVER_DISK_LIMIT_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     connected: _builtins.bool
@@ -1261,6 +1262,11 @@ class SubscriberStats(_message.Message):
     overflow_mode: Global___OverflowMode.ValueType
     state: Global___QueueState.ValueType
     """Whether this broker serves the subscriber (see QueueState)."""
+    dropped_over_disk_limit: _builtins.int
+    """Messages not kept for the subscriber because its queue was over
+    SOKUTATSU_BROKER_QUEUE_DISK_LIMIT (a stalled subscriber); its SDK reports
+    the gap when the next message arrives.
+    """
     @_builtins.property
     def delivered(self) -> Global___Position:
         """Per publisher, the last seq sent to the subscriber."""
@@ -1288,10 +1294,11 @@ class SubscriberStats(_message.Message):
         overflow_mode: Global___OverflowMode.ValueType = ...,
         state: Global___QueueState.ValueType = ...,
         acked: Global___Position | None = ...,
+        dropped_over_disk_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "delivered", b"delivered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "dropped_over_disk_limit", b"dropped_over_disk_limit", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
