@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
 from sokutatsu.queuedb.schema import migrate
 from tests.helpers import ServiceProc, ensure_stopped, start_service
 
@@ -77,3 +77,33 @@ class Node:
 
     def tail(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])
+
+
+def transfer_nodes(sender_dsn: str, receiver_dsn: str, folder: Path, **daemon_env: str) -> tuple[Node, Node]:
+    """(node2's queue-db service on ``receiver_dsn``, node1's transfer daemon on ``sender_dsn``
+    sending to it), not started. ``daemon_env``: more ``SOKUTATSU_TRANSFER_*`` settings."""
+    receiver_address = f"127.0.0.1:{free_port()}"
+    receiver = Node(
+        "sokutatsu.queuedb",
+        {
+            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
+            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
+            "SOKUTATSU_QUEUEDB_DSN": receiver_dsn,
+            "SOKUTATSU_GRACE_SECONDS": "1",
+        },
+        folder,
+    )
+    daemon = Node(
+        "sokutatsu.queuedb.transferd",
+        {
+            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_TRANSFER_NODE": "node1",
+            "SOKUTATSU_TRANSFER_DSN": sender_dsn,
+            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
+            "SOKUTATSU_TRANSFER_POLL_MS": "50",
+            "SOKUTATSU_GRACE_SECONDS": "1",
+            **daemon_env,
+        },
+        folder,
+    )
+    return receiver, daemon

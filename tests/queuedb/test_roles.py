@@ -19,12 +19,12 @@ from grpc import aio
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
+from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.queuedb.enqueue import Message, enqueue, enqueue_batch
 from sokutatsu.queuedb.schema import ENQUEUE_ROLE, SERVICE_ROLE, migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import start_service
-from tests.queuedb.fix_queuedb import Node, NodeDatabase
+from tests.queuedb.fix_queuedb import Node, NodeDatabase, transfer_nodes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,30 +77,7 @@ async def test_the_service_and_the_transfer_daemon_do_their_job_as_the_service_r
         conn.execute("INSERT INTO sokutatsu.queues (name, to_node, to_queue) VALUES ('orders', 'node2', 'inbox')")
     app1 = login(owner1, ENQUEUE_ROLE)
     svc1, svc2 = login(owner1, SERVICE_ROLE), login(owner2, SERVICE_ROLE)
-    receiver_address = f"127.0.0.1:{free_port()}"
-    receiver = Node(
-        "sokutatsu.queuedb",
-        {
-            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
-            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
-            "SOKUTATSU_QUEUEDB_DSN": svc2,
-            "SOKUTATSU_GRACE_SECONDS": "1",
-        },
-        tmp_path,
-    )
-    daemon = Node(
-        "sokutatsu.queuedb.transferd",
-        {
-            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_TRANSFER_NODE": "node1",
-            "SOKUTATSU_TRANSFER_DSN": svc1,
-            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
-            "SOKUTATSU_TRANSFER_MODE": mode,
-            "SOKUTATSU_TRANSFER_POLL_MS": "50",
-            "SOKUTATSU_GRACE_SECONDS": "1",
-        },
-        tmp_path,
-    )
+    receiver, daemon = transfer_nodes(svc1, svc2, tmp_path, SOKUTATSU_TRANSFER_MODE=mode)
     receiver.start()
     daemon.start()
     try:

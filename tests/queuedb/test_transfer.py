@@ -17,13 +17,12 @@ import psycopg
 import pytest
 from grpc import aio
 
-from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.queuedb import transferd
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import trace_spans
-from tests.queuedb.fix_queuedb import Node, NodeDatabase
+from tests.queuedb.fix_queuedb import Node, NodeDatabase, transfer_nodes
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,30 +39,7 @@ def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str
     node1, node2 = node_database(), node_database()
     with psycopg.connect(node1, autocommit=True) as conn:
         conn.execute("INSERT INTO sokutatsu.queues (name, to_node, to_queue) VALUES ('orders', 'node2', 'inbox')")
-    receiver_address = f"127.0.0.1:{free_port()}"
-    receiver = Node(
-        "sokutatsu.queuedb",
-        {
-            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
-            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
-            "SOKUTATSU_QUEUEDB_DSN": node2,
-            "SOKUTATSU_GRACE_SECONDS": "1",
-        },
-        tmp_path,
-    )
-    daemon = Node(
-        "sokutatsu.queuedb.transferd",
-        {
-            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_TRANSFER_NODE": "node1",
-            "SOKUTATSU_TRANSFER_DSN": node1,
-            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
-            "SOKUTATSU_TRANSFER_BATCH": "40",
-            "SOKUTATSU_TRANSFER_POLL_MS": "50",
-            "SOKUTATSU_GRACE_SECONDS": "1",
-        },
-        tmp_path,
-    )
+    receiver, daemon = transfer_nodes(node1, node2, tmp_path, SOKUTATSU_TRANSFER_BATCH="40")
     yield node1, node2, receiver, daemon
     daemon.stop()
     receiver.stop()
