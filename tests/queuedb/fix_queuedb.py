@@ -4,7 +4,7 @@ nodes' processes, started, killed and started again."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,9 +79,12 @@ class Node:
         return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])
 
 
-def transfer_nodes(sender_dsn: str, receiver_dsn: str, folder: Path, **daemon_env: str) -> tuple[Node, Node]:
+def transfer_nodes(
+    sender_dsn: str, receiver_dsn: str, folder: Path, *, both: Mapping[str, str] | None = None, **daemon_env: str
+) -> tuple[Node, Node]:
     """(node2's queue-db service on ``receiver_dsn``, node1's transfer daemon on ``sender_dsn``
-    sending to it), not started. ``daemon_env``: more ``SOKUTATSU_TRANSFER_*`` settings."""
+    sending to it), not started. ``both``: settings of both processes (e.g. auth);
+    ``daemon_env``: more ``SOKUTATSU_TRANSFER_*`` settings."""
     receiver_address = f"127.0.0.1:{free_port()}"
     receiver = Node(
         "sokutatsu.queuedb",
@@ -90,6 +93,7 @@ def transfer_nodes(sender_dsn: str, receiver_dsn: str, folder: Path, **daemon_en
             "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
             "SOKUTATSU_QUEUEDB_DSN": receiver_dsn,
             "SOKUTATSU_GRACE_SECONDS": "1",
+            **(both or {}),
         },
         folder,
     )
@@ -102,6 +106,7 @@ def transfer_nodes(sender_dsn: str, receiver_dsn: str, folder: Path, **daemon_en
             "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
             "SOKUTATSU_TRANSFER_POLL_MS": "50",
             "SOKUTATSU_GRACE_SECONDS": "1",
+            **(both or {}),
             **daemon_env,
         },
         folder,

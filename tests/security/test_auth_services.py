@@ -21,13 +21,12 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import BrokerProcess, Pair, until
-from tests.queuedb.fix_queuedb import Node, NodeDatabase
+from tests.queuedb.fix_queuedb import NodeDatabase, transfer_nodes
 from tests.security.fix_auth import AuthFile
 from tests.sequencer.fix_sequencer import GroupFactory
 from tests.sequencer.test_ordered import TOPIC, _check_same_order, _feed, _wait_all, ordered_group
@@ -106,30 +105,8 @@ async def test_the_transfer_daemon_delivers_with_auth_on(
     node1, node2 = node_database(), node_database()
     with psycopg.connect(node1, autocommit=True) as conn:
         conn.execute("INSERT INTO sokutatsu.queues (name, to_node, to_queue) VALUES ('orders', 'node2', 'inbox')")
-    receiver_address = f"127.0.0.1:{free_port()}"
-    common = {"SOKUTATSU_GRACE_SECONDS": "1", **auth_file.env("svc")}
-    receiver = Node(
-        "sokutatsu.queuedb",
-        {
-            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
-            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
-            "SOKUTATSU_QUEUEDB_DSN": node2,
-            **common,
-        },
-        tmp_path,
-    )
-    daemon = Node(
-        "sokutatsu.queuedb.transferd",
-        {
-            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_TRANSFER_NODE": "node1",
-            "SOKUTATSU_TRANSFER_DSN": node1,
-            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
-            "SOKUTATSU_TRANSFER_POLL_MS": "50",
-            **common,
-        },
-        tmp_path,
-    )
+    receiver, daemon = transfer_nodes(node1, node2, tmp_path, both=auth_file.env("svc"))
+    receiver_address = receiver.env["SOKUTATSU_QUEUEDB_LISTEN"]
     try:
         receiver.start()
         daemon.start()
