@@ -20,6 +20,7 @@ from sokutatsu.core.embedded_pg import (
     create_database,
     database_dsn,
     find_bindir,
+    free_port,
     provide_postgres,
 )
 from tests.fix_pg import PgServer, docker_engine_problem
@@ -262,3 +263,16 @@ def test_an_unusable_server_is_one_line_without_the_password(dsn: str) -> None:
     assert message.startswith("cannot connect to PostgreSQL at ")
     assert "s3cret" not in message
     assert "\n" not in message
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
+    """Outgoing connections take their source ports from the ephemeral range; a port picked
+    below it cannot be taken by one between free_port() and the service's bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 2048:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it")
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import pwd
+import random
 import re
 import shutil
 import socket
@@ -130,11 +131,47 @@ def find_bindir(configured: Path | None = None) -> Path:
     )
 
 
+# Where free_port() looks: this many ports below the kernel's ephemeral range.
+_PORT_SPAN = 10_000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
+    """A loopback TCP port nothing uses now, for a process that binds it later.
+
+    Below the kernel's ephemeral range: a port the kernel picks for a bind to port 0 comes from
+    that range, which outgoing connections draw their source ports from too, so between this
+    call and the bind another connection on the machine could take it ("the port is already in
+    use", seen once in CI under load). Below the range only listeners take ports.
+    """
+    low = _ephemeral_low()
+    first, last = max(1024, low - _PORT_SPAN), low - 1
+    if first < last:
+        pick = random.SystemRandom()
+        for _ in range(200):
+            port = pick.randint(first, last)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        kernel_pick: int = s.getsockname()[1]
+        return kernel_pick
 
 
 @dataclass(frozen=True)
