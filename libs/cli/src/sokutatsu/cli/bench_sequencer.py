@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from sokutatsu.cli.bench_common import (
     tell,
 )
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.tls import open_channel
 from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
@@ -157,14 +157,10 @@ async def measure_stamps(cfg: SequencerBenchConfig, folder: Path) -> dict[str, A
 # ------------------------------------------------------------------ ordered --
 def _free_ports(n: int) -> list[int]:
     """``n`` distinct free loopback ports (peers must know each other's address before they start)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(free_port())
+    return sorted(ports)
 
 
 @contextlib.contextmanager
