@@ -20,12 +20,12 @@ SERVICE_NAME = process_pb2.DESCRIPTOR.services_by_name["Process"].full_name
 
 
 def rss_bytes() -> int:
-    """This process's resident memory now (``/proc``), else its peak (``getrusage``), in bytes."""
+    """This process's resident memory now, in bytes (0 where ``/proc`` does not say)."""
     try:
         with open("/proc/self/statm", encoding="ascii") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(statm.read().split()[1]) * resource.getpagesize()
     except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return 0
 
 
 class ProcessServicer(process_pb2_grpc.ProcessServicer):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from sokutatsu.broker.subscription import SubscriptionSpec
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from sokutatsu.core.process_stats import rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -740,7 +740,7 @@ class Broker:
             time_unix_nano=time.time_ns(),
             held_count=self.usage.count,
             held_bytes=self.usage.bytes,
-            rss_bytes=_rss_bytes(),
+            rss_bytes=rss_bytes(),
             dropped_total=self.dropped_total,
             rejected_total=self.rejected_total,
             publisher_streams=self.publisher_streams,
@@ -781,11 +781,3 @@ class Broker:
                     )
                 )
         return out
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * resource.getpagesize()
-    except OSError:
-        return 0
