@@ -25,7 +25,7 @@ from grpc import aio
 
 from sokutatsu.core.auth import ADMIN, FILE_VAR, TOKEN_VAR, Policy, Principal
 from sokutatsu.core.auth_rules import RULES, Check, Rule, is_open
-from sokutatsu.core.interceptors import Undecodable
+from sokutatsu.core.interceptors import Undecodable, rewrap
 
 log = logging.getLogger(__name__)
 
@@ -201,16 +201,4 @@ class AuthInterceptor(aio.ServerInterceptor):
         method: str = handler_call_details.method
         if handler is None or is_open(method):
             return handler
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._wrap(handler.unary_unary, method, False), **kwargs)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._wrap(handler.unary_stream, method, False), **kwargs)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._wrap(handler.stream_unary, method, True), **kwargs)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(self._wrap(handler.stream_stream, method, True), **kwargs)
-        return handler
+        return rewrap(handler, lambda behavior, request_stream: self._wrap(behavior, method, request_stream))

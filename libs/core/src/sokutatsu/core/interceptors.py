@@ -122,17 +122,31 @@ class DomainErrorInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        method: str = handler_call_details.method
-        kwargs = {
-            "request_deserializer": _lenient(handler.request_deserializer),
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_guard(handler.unary_unary, method, False), **kwargs)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(_guard(handler.unary_stream, method, False), **kwargs)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(_guard(handler.stream_unary, method, True), **kwargs)
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(_guard(handler.stream_stream, method, True), **kwargs)
-        return handler
+        return rewrap(
+            handler,
+            lambda behavior, request_stream: _guard(behavior, handler_call_details.method, request_stream),
+            request_deserializer=_lenient(handler.request_deserializer),
+        )
+
+
+def rewrap(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    wrap: Callable[[_Behavior, bool], _Behavior],
+    *,
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` with its behaviour replaced by ``wrap(behaviour, request_stream)``, whatever
+    its kind (the server interceptors' shared step); ``request_deserializer`` replaces its own."""
+    kwargs = {
+        "request_deserializer": request_deserializer or handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **kwargs)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, False), **kwargs)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, True), **kwargs)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kwargs)
+    return handler
