@@ -34,7 +34,6 @@ from sokutatsu.client._tracing import StampSpans, tracing_on
 from sokutatsu.client.errors import ClientError, Closed
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.subscriber import Subscriber
-from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import ChannelTls, open_channel
 from sokutatsu.core.wire import varint
 from sokutatsu.ordering import OrderedMerge, OrderingError
@@ -171,7 +170,6 @@ class OrderedPublisher:
     async def _run(self) -> None:
         backoff = Backoff()
         while not self._closed:
-            stop_if_cancelled()
             try:
                 async with open_channel(self.sequencer, tls=self.tls, token=self.token) as channel:
                     call: _StampCall = sequencer_pb2_grpc.SequencerStub(channel).Stamp()

@@ -38,7 +38,6 @@ from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnec
 from sokutatsu.client._tracing import TRACEPARENT, SendSpans, tracing_on
 from sokutatsu.client._wire import batch_frame, encode_message, message_element, publisher_field
 from sokutatsu.client.errors import BrokerError, BufferFull, Closed, PublishTimeout
-from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import ChannelTls, open_channel
 
 log = logging.getLogger(__name__)
@@ -328,7 +327,6 @@ class Publisher:
     async def _run_link(self, link: _Link) -> None:
         backoff = Backoff()
         while not self._closed and self._failure is None:
-            stop_if_cancelled()
             try:
                 await self._session(link, backoff)
             except* aio.AioRpcError as group:

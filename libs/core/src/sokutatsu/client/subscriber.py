@@ -36,7 +36,6 @@ from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise
 from sokutatsu.client._tracing import ProcessSpans, tracing_on
 from sokutatsu.client.errors import BrokerError, GapError
 from sokutatsu.client.publisher import CHANNEL_OPTIONS
-from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import ChannelTls, open_channel
 
 log = logging.getLogger(__name__)
@@ -266,7 +265,6 @@ class Subscriber:
     async def _run(self) -> None:
         backoff = Backoff()
         while not self._closed:
-            stop_if_cancelled()
             address = self.addresses[self._address_index % len(self.addresses)]
             try:
                 await self._session(address, backoff)

@@ -54,7 +54,8 @@ def watch_stop(what: str, after: float) -> asyncio.TimerHandle:
 def stop_if_cancelled() -> None:
     """Raise ``CancelledError`` when the current task was asked to stop.
 
-    A background loop calls it once per turn. A cancellation can be lost on its way in:
+    A service's background loop that catches gRPC errors calls it once per turn (the SDK's
+    loops need not: ``close()`` sets their ``_closed`` flag before it cancels them). A cancellation can be lost on its way in:
     grpc.aio may end the call it interrupted with an ``AioRpcError`` (which the loop
     catches as one more failed call) instead of ``CancelledError``, and the loop would go
     on forever while the service waits for it to stop. ``Task.cancelling()`` still counts

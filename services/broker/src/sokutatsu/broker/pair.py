@@ -60,7 +60,6 @@ async def watch_peer(broker: Broker) -> None:
     """Run until cancelled: tell the listeners when the peer comes or goes."""
     was_up = broker.peer_up
     while True:
-        stop_if_cancelled()
         await asyncio.sleep(PEER_CHECK_SECONDS)
         up = broker.peer_up
         if up != was_up:

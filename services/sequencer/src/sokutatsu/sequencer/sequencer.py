@@ -224,7 +224,6 @@ class Sequencer:
     async def watch(self) -> AsyncIterator[sequencer_pb2.Distribution]:
         sent = 0
         while not self._closed:
-            stop_if_cancelled()
             message = self.distribution_message
             if message is not None and message.id > sent:
                 sent = message.id
