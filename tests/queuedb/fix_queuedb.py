@@ -112,3 +112,10 @@ def transfer_nodes(
         folder,
     )
     return receiver, daemon
+
+
+def queue_bodies(dsn: str, queue: str = "inbox") -> list[bytes]:
+    """The bodies ``queue`` holds in ``dsn``'s database, in its order (``inbox``: where node2 receives)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = %s ORDER BY seq", (queue,)).fetchall()
+    return [bytes(r[0]) for r in rows]

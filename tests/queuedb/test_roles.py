@@ -24,7 +24,7 @@ from sokutatsu.queuedb.enqueue import Message, enqueue, enqueue_batch
 from sokutatsu.queuedb.schema import ENQUEUE_ROLE, SERVICE_ROLE, migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import start_service
-from tests.queuedb.fix_queuedb import Node, NodeDatabase, transfer_nodes
+from tests.queuedb.fix_queuedb import Node, NodeDatabase, queue_bodies, transfer_nodes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,12 +52,6 @@ def login(pg_dsn: str) -> Iterator[Login]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for name in made:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
-
-
-def _bodies(dsn: str, queue: str) -> list[bytes]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = %s ORDER BY seq", (queue,)).fetchall()
-    return [bytes(r[0]) for r in rows]
 
 
 async def _until(check: Callable[[], bool], what: str, nodes: tuple[Node, ...]) -> None:
@@ -94,8 +88,8 @@ async def test_the_service_and_the_transfer_daemon_do_their_job_as_the_service_r
             enqueue(conn, "orders", b"order-last")
             conn.commit()
             committed.append(b"order-last")
-        await _until(lambda: len(_bodies(owner2, "inbox")) >= len(committed), "the transfer", (receiver, daemon))
-        assert _bodies(owner2, "inbox") == committed
+        await _until(lambda: len(queue_bodies(owner2, "inbox")) >= len(committed), "the transfer", (receiver, daemon))
+        assert queue_bodies(owner2, "inbox") == committed
 
         # The receiving node's service leases and acknowledges as the service role too.
         assert receiver.proc is not None
@@ -107,7 +101,7 @@ async def test_the_service_and_the_transfer_daemon_do_their_job_as_the_service_r
                 queuedb_pb2.AckRequest(queue="inbox", lease_ids=[m.lease_id for m in got.messages]), timeout=30
             )
             assert list(acked.expired) == []
-        assert _bodies(owner2, "inbox") == committed[50:]
+        assert queue_bodies(owner2, "inbox") == committed[50:]
     finally:
         daemon.stop()
         receiver.stop()
@@ -148,7 +142,7 @@ def test_neither_role_can_change_the_schema_or_reach_what_it_does_not_need(
         "CREATE TABLE sokutatsu.extra (x int)",
     ):
         _refused(app, statement)
-    assert _bodies(owner, "orders") == [b"secret"]
+    assert queue_bodies(owner, "orders") == [b"secret"]
 
 
 def test_a_service_role_on_a_database_that_is_behind_says_who_must_migrate(

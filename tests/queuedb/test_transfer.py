@@ -22,7 +22,7 @@ from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import trace_spans
-from tests.queuedb.fix_queuedb import Node, NodeDatabase, transfer_nodes
+from tests.queuedb.fix_queuedb import Node, NodeDatabase, queue_bodies, transfer_nodes
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,12 +43,6 @@ def two_nodes(node_database: NodeDatabase, tmp_path: Path) -> Iterator[tuple[str
     yield node1, node2, receiver, daemon
     daemon.stop()
     receiver.stop()
-
-
-def _received(dsn: str) -> list[bytes]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = 'inbox' ORDER BY seq").fetchall()
-    return [bytes(r[0]) for r in rows]
 
 
 def _recovery_row(dsn: str) -> int:
@@ -127,9 +121,9 @@ async def test_transfer_moves_every_committed_message_once_in_order(
     receiver.start()
     daemon.start()
     committed = await _enqueue_all(node1, 600, random.Random(1))  # noqa: S311 - reproducible test data
-    await _until(lambda: len(_received(node2)) >= len(committed), "the transfer", (receiver, daemon), (node1, node2))
+    await _until(lambda: len(queue_bodies(node2)) >= len(committed), "the transfer", (receiver, daemon), (node1, node2))
     await _until(lambda: _outbox(node1) == 0, "the sender to mark everything sent", (receiver, daemon), (node1, node2))
-    assert _received(node2) == committed
+    assert queue_bodies(node2) == committed
     assert _recovery_row(node2) == (len(committed) if mode == "1pc" else 0)
     assert _prepared(node1) == _prepared(node2) == []
 
@@ -183,10 +177,10 @@ async def test_exactly_once_in_order_through_kill_9_at_every_protocol_step(
     if not daemon.alive():
         daemon.start()
     await _until(
-        lambda: len(_received(node2)) >= len(committed), "the transfer to finish", (receiver, daemon), (node1, node2)
+        lambda: len(queue_bodies(node2)) >= len(committed), "the transfer to finish", (receiver, daemon), (node1, node2)
     )
     await _until(lambda: _outbox(node1) == 0, "the sender to mark everything sent", (receiver, daemon), (node1, node2))
-    received = _received(node2)
+    received = queue_bodies(node2)
     assert len(set(received)) == len(received), "a message arrived twice"
     assert received == committed, "messages lost, added or out of order"
     if mode == "1pc":
@@ -239,7 +233,7 @@ async def test_replayed_and_out_of_order_batches_are_detected(two_nodes: tuple[s
     assert holes.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert nameless.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert state.last_received_id == 15
-    assert _received(node2) == [f"m{i}".encode() for i in range(1, 16)]
+    assert queue_bodies(node2) == [f"m{i}".encode() for i in range(1, 16)]
 
 
 async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, Node, Node]) -> None:
@@ -255,7 +249,7 @@ async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, No
             queuedb_pb2.PrepareBatchRequest(batch=_batch(1, 3), gid="sokutatsu:node9:node2:1"), timeout=30
         )
         listed = await stub.ListPrepared(queuedb_pb2.ListPreparedRequest(sender_node="node9"), timeout=30)
-        assert _received(node2) == []  # prepared, not committed
+        assert queue_bodies(node2) == []  # prepared, not committed
         committed = await stub.FinishPrepared(
             queuedb_pb2.FinishPreparedRequest(gid="sokutatsu:node9:node2:1", commit=True), timeout=30
         )
@@ -272,7 +266,7 @@ async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, No
     assert (committed.found, aborted.found, again.found) == (True, True, False)
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert list(after.gids) == []
-    assert _received(node2) == [b"m1", b"m2", b"m3"]
+    assert queue_bodies(node2) == [b"m1", b"m2", b"m3"]
 
 
 def _set_connections(server_dsn: str, dsn: str, allowed: bool) -> None:
@@ -299,7 +293,7 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     daemon.start()
     assert receiver.proc is not None
     first = await _enqueue_all(node1, 200, random.Random(3))  # noqa: S311
-    await _until(lambda: len(_received(node2)) >= len(first), "the first part", (receiver, daemon), (node1, node2))
+    await _until(lambda: len(queue_bodies(node2)) >= len(first), "the first part", (receiver, daemon), (node1, node2))
     _set_connections(pg_dsn, node2, allowed=False)
     try:
         async with aio.insecure_channel(receiver.proc.address) as channel:
@@ -314,9 +308,9 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     assert "does not answer" in (down.value.details() or "")
     committed = first + second
     await _until(
-        lambda: len(_received(node2)) >= len(committed), "the transfer to resume", (receiver, daemon), (node1, node2)
+        lambda: len(queue_bodies(node2)) >= len(committed), "the transfer to resume", (receiver, daemon), (node1, node2)
     )
-    assert _received(node2) == committed
+    assert queue_bodies(node2) == committed
     assert daemon.alive(), "the daemon must ride out the outage (it retries), not die"
     assert receiver.alive()
 

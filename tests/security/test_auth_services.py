@@ -26,7 +26,7 @@ from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import BrokerProcess, Pair, until
-from tests.queuedb.fix_queuedb import NodeDatabase, transfer_nodes
+from tests.queuedb.fix_queuedb import NodeDatabase, queue_bodies, transfer_nodes
 from tests.security.fix_auth import AuthFile
 from tests.sequencer.fix_sequencer import GroupFactory
 from tests.sequencer.test_ordered import TOPIC, _check_same_order, _feed, _wait_all, ordered_group
@@ -115,7 +115,7 @@ async def test_the_transfer_daemon_delivers_with_auth_on(
             enqueue_batch(conn, "orders", [Message(b, key="k") for b in bodies])
             conn.commit()
         deadline = time.monotonic() + 60  # only stops a hung test
-        while _received(node2) != bodies:
+        while queue_bodies(node2) != bodies:
             assert time.monotonic() < deadline, daemon.tail() + receiver.tail()
             await asyncio.sleep(0.05)
         async with aio.insecure_channel(receiver_address) as channel:
@@ -134,9 +134,3 @@ async def test_the_transfer_daemon_delivers_with_auth_on(
     finally:
         daemon.stop()
         receiver.stop()
-
-
-def _received(dsn: str) -> list[bytes]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = 'inbox' ORDER BY seq").fetchall()
-    return [bytes(r[0]) for r in rows]
