@@ -55,11 +55,11 @@ def stop_if_cancelled() -> None:
     """Raise ``CancelledError`` when the current task was asked to stop.
 
     A service's background loop that catches gRPC errors calls it once per turn (the SDK's
-    loops need not: ``close()`` sets their ``_closed`` flag before it cancels them). A cancellation can be lost on its way in:
-    grpc.aio may end the call it interrupted with an ``AioRpcError`` (which the loop
-    catches as one more failed call) instead of ``CancelledError``, and the loop would go
-    on forever while the service waits for it to stop. ``Task.cancelling()`` still counts
-    the request.
+    loops need not: ``close()`` sets their ``_closed`` flag before it cancels them). A
+    cancellation can be lost on its way in: grpc.aio may end the call it interrupted with an
+    ``AioRpcError`` (which the loop catches as one more failed call) instead of
+    ``CancelledError``, and the loop would go on forever while the service waits for it to
+    stop. ``Task.cancelling()`` still counts the request.
     """
     task = asyncio.current_task()
     if task is not None and task.cancelling():
