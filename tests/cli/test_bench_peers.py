@@ -48,6 +48,13 @@ async def test_a_tiny_run_on_sokutatsu_and_a_peer_that_does_not_answer(monkeypat
     assert 0 < slow["slow_received"] < slow["messages"]
     assert "| sokutatsu | " in result["table"]
     assert "| rabbitmq | skipped" in result["table"]
+    # With Sokutatsu, the references in the same run: one broker alone, and the bare gRPC relay.
+    for reference in ("sokutatsu-single", "grpc-floor"):
+        latency = result["systems"][reference]["latency"]
+        assert latency["audit"] == {"lost": 0, "duplicates": 0, "reordered": 0}
+        assert latency["messages"] == int(TINY.rate * TINY.latency_seconds)
+        assert f"| {reference} | n/a | " in result["table"]
+    assert "latency_p50_sokutatsu_over_grpc_floor" in result["ratios"]
 
 
 def test_ratios_are_ours_over_theirs_for_throughput_and_theirs_over_ours_for_latency() -> None:
@@ -61,6 +68,15 @@ def test_ratios_are_ours_over_theirs_for_throughput_and_theirs_over_ours_for_lat
         "sokutatsu": system(30_000, 4.0, 2.0),
         "rabbitmq": system(15_000, 40.0, 5.0),
         "nats": {"skipped": "nothing answers"},
+    }
+    out_floor = {
+        "sokutatsu": {"latency": {"p50_ms": 0.6}},
+        "nats": {"latency": {"p50_ms": 0.5}},
+        "grpc-floor": {"latency": {"p50_ms": 0.4}},
+    }
+    assert ratios(out_floor) == {
+        "latency_p50_sokutatsu_over_grpc_floor": 1.5,
+        "latency_p50_nats_over_grpc_floor": 1.25,
     }
     assert ratios(out) == {
         "throughput_sokutatsu_over_rabbitmq": 2.0,

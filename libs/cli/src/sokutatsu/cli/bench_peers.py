@@ -16,6 +16,11 @@ broker pair and its monitor started fresh for each scenario. Clients and setting
   before. (Sokutatsu: the monitor moves the slow one to the standby.)
 
 A system that does not answer on its port is reported as skipped; the others are measured.
+
+With Sokutatsu, two references are measured in the latency scenario of the same run:
+``sokutatsu-single`` (one broker: the pair's second copy left out) and ``grpc-floor`` (a bare
+Python gRPC relay, :mod:`sokutatsu.cli.bench_floor`: the same two hops with no broker work).
+They say how much of Sokutatsu's latency is its own work and how much is Python gRPC's.
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from sokutatsu.cli.bench_common import (
+    broker_process,
     child_process,
     child_result,
     cpu_sample,
     machine,
     pair_with_monitor,
     percentile,
+    service_process,
     steal_percent,
     tell,
 )
@@ -46,6 +53,8 @@ from sokutatsu.cli.bench_slow import audit
 from sokutatsu.core.tls import open_channel
 
 SYSTEMS = ("sokutatsu", "rabbitmq", "nats")
+# Measured in the latency scenario only, when Sokutatsu is (see the module's docstring).
+REFERENCES = ("sokutatsu-single", "grpc-floor")
 PORTS = {"rabbitmq": 5672, "nats": 4222}
 SIZE = 1024
 SLOW_FRACTION = 0.05
@@ -80,6 +89,10 @@ class Setup:
 
 @contextlib.contextmanager
 def setup(system: str, cfg: PeersConfig) -> Iterator[Setup]:
+    if system in REFERENCES:
+        with reference(system) as address:
+            yield Setup(peer_named(system, [address]), system, [address])
+        return
     if system != "sokutatsu":
         yield Setup(peer_named(system), system)
         return
@@ -92,6 +105,20 @@ def setup(system: str, cfg: PeersConfig) -> Iterator[Setup]:
         pair_with_monitor(Path(tmp), monitor=monitor) as pair,
     ):
         yield Setup(peer_named(system, pair.addresses, budget), system, pair.addresses, budget, pair.monitor.address)
+
+
+@contextlib.contextmanager
+def reference(system: str) -> Iterator[str]:
+    """The address of a fresh ``sokutatsu-single`` broker or ``grpc-floor`` relay."""
+    if system == "sokutatsu-single":
+        with broker_process() as broker:
+            yield broker.address
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="sokutatsu-bench-floor-") as tmp,
+        service_process("sokutatsu.cli.bench_floor", "SOKUTATSU_FLOOR_", Path(tmp), "grpc-floor") as relay,
+    ):
+        yield relay.address
 
 
 def consumer(
@@ -264,6 +291,16 @@ async def measure(cfg: PeersConfig, systems: Sequence[str] = SYSTEMS, say: Any =
                 figures[scenario] = {"error": f"{type(exc).__name__}: {exc}"}
             figures[scenario]["cpu_steal_percent"] = steal_percent(before, cpu_sample())
         out[system] = figures
+    if "sokutatsu" in systems:
+        for system in REFERENCES:
+            say(f"{system}: latency (reference) ...")
+            before = cpu_sample()
+            try:
+                figures = {"latency": await latency(system, cfg)}
+            except Exception as exc:  # noqa: BLE001 - as above
+                figures = {"latency": {"error": f"{type(exc).__name__}: {exc}"}}
+            figures["latency"]["cpu_steal_percent"] = steal_percent(before, cpu_sample())
+            out[system] = figures
     return {
         "benchmark": "peers",
         "systems": out,
@@ -277,7 +314,8 @@ async def measure(cfg: PeersConfig, systems: Sequence[str] = SYSTEMS, say: Any =
             f"{SLOW_FRACTION:.0%} after {cfg.before_seconds:g}s for {cfg.slow_seconds:g}s. Sokutatsu: broker pair "
             "(every publish acknowledged by both) with the monitor in migrate mode; RabbitMQ: aio-pika, durable "
             "fanout exchange and classic queues, publisher confirms; NATS: nats-py, JetStream file storage, "
-            "publish_async acks, durable pull consumers"
+            "publish_async acks, durable pull consumers. References (latency only): sokutatsu-single, one broker "
+            "without standby or monitor; grpc-floor, a bare Python gRPC relay (two hops, no broker work)"
         ),
         "config": cfg.__dict__,
         "machine": machine(),
@@ -303,6 +341,13 @@ def ratios(out: dict[str, Any]) -> dict[str, Any]:
             found[f"slow_consumer_normal_mean_after_{peer}_over_sokutatsu"] = round(
                 theirs["slow_consumer"]["normal_after"]["mean_ms"] / ours["slow_consumer"]["normal_after"]["mean_ms"],
                 2,
+            )
+    floor = out.get("grpc-floor", {})
+    for system in ("sokutatsu", "sokutatsu-single", "rabbitmq", "nats"):
+        with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+            # How far above two bare Python gRPC hops each system's median latency is.
+            found[f"latency_p50_{system}_over_grpc_floor"] = round(
+                out[system]["latency"]["p50_ms"] / floor["latency"]["p50_ms"], 2
             )
     return found
 

@@ -10,6 +10,10 @@
   (``publish_async``), one durable pull consumer per consumer (explicit ack, at most 1,000
   unacknowledged), fetched in batches of up to 100.
 
+Two references, for the latency scenario only: **sokutatsu-single** (one broker, no standby,
+no monitor: what the pair's second copy costs) and **grpc-floor** (the bare relay of
+:mod:`sokutatsu.cli.bench_floor`: what two Python gRPC hops cost before any broker work).
+
 Every publisher keeps at most ``WINDOW`` messages unacknowledged (NATS's default for
 ``publish_async``). Bodies start with the message's sequence number and publish time (one
 clock for publisher and consumers: they run on one machine), padded to the size.
@@ -24,6 +28,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from grpc import aio
 
 if TYPE_CHECKING:
     from sokutatsu.client import Publisher
@@ -363,11 +369,68 @@ class _NatsSender:
             raise self.failure
 
 
+# ----------------------------------------------------------------- references --
+@dataclass
+class FloorPeer:
+    """The bare gRPC relay of :mod:`sokutatsu.cli.bench_floor`: latency only (nothing is stored
+    or acknowledged per message), the floor under any Python gRPC broker's."""
+
+    address: str
+    name: str = "grpc-floor"
+
+    async def prepare(self, consumers: Sequence[str]) -> None:
+        """Nothing: the relay keeps nothing."""
+
+    async def cleanup(self) -> None:
+        """Nothing: the relay is stopped after the run."""
+
+    @contextlib.asynccontextmanager
+    async def sender(self) -> AsyncIterator[Sender]:
+        from sokutatsu.cli.bench_floor import SEND  # noqa: PLC0415 - the relay's own names
+
+        async with aio.insecure_channel(self.address) as channel:
+            call: aio.StreamUnaryCall[bytes, bytes] = channel.stream_unary(SEND)()
+            yield _FloorSender(call)
+
+    @contextlib.asynccontextmanager
+    async def consume(self, consumer: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        from sokutatsu.cli.bench_floor import RECEIVE  # noqa: PLC0415
+
+        async with aio.insecure_channel(self.address) as channel:
+            receive: aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(RECEIVE)
+            call = receive(b"")
+            await call.wait_for_connection()  # registered before the publisher starts
+
+            async def bodies() -> AsyncIterator[bytes]:
+                async for body in call:
+                    yield body
+
+            yield bodies()
+
+
+@dataclass
+class _FloorSender:
+    call: aio.StreamUnaryCall[bytes, bytes]
+    sent: int = 0
+
+    async def send(self, body: bytes) -> None:
+        await self.call.write(body)
+        self.sent += 1
+
+    async def flush(self) -> None:
+        await self.call.done_writing()
+        relayed = int(await self.call)
+        if relayed != self.sent:
+            raise RuntimeError(f"the relay took {relayed} of {self.sent} bodies")
+
+
 def peer_named(name: str, addresses: Sequence[str] = (), budget: int = 0) -> Peer:
-    if name == "sokutatsu":
+    if name in ("sokutatsu", "sokutatsu-single"):
         return SokutatsuPeer(list(addresses), budget)
+    if name == "grpc-floor":
+        return FloorPeer(addresses[0])
     if name == "rabbitmq":
         return RabbitPeer()
     if name == "nats":
         return NatsPeer()
-    raise ValueError(f"unknown system {name!r}: sokutatsu, rabbitmq or nats")
+    raise ValueError(f"unknown system {name!r}: sokutatsu, rabbitmq, nats, sokutatsu-single or grpc-floor")

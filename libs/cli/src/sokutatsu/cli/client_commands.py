@@ -370,7 +370,12 @@ def bench_peers(
         bool, typer.Option("--quick", help="Shorter scenarios, for a smoke run of a few minutes.")
     ] = False,
     systems: Annotated[
-        str, typer.Option("--systems", help="Which systems, comma-separated: sokutatsu, rabbitmq, nats.")
+        str,
+        typer.Option(
+            "--systems",
+            help="Which systems, comma-separated: sokutatsu, rabbitmq, nats. With sokutatsu, the latency "
+            "scenario also measures one broker alone and a bare Python gRPC relay, as references.",
+        ),
     ] = "sokutatsu,rabbitmq,nats",
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
 ) -> None:

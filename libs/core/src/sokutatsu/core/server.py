@@ -135,7 +135,8 @@ def _bind_problem(address: str) -> str:
     return "gRPC could not bind it"
 
 
-def _announce(path: Path, payload: dict[str, Any]) -> None:
+def announce(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` whole or not at all (a parent polls for the file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(payload))
@@ -199,7 +200,7 @@ async def serve(
             for name in ["", *names]:
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
             if runtime.announce_file is not None:
-                _announce(
+                announce(
                     runtime.announce_file,
                     {"service": service, "instance": settings.instance, "address": address, "pid": os.getpid()},
                 )
