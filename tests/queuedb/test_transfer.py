@@ -75,7 +75,7 @@ async def _enqueue_all(
             size = rng.randint(1, 30) if until is not None else min(rng.randint(1, 30), total - len(committed))
             bodies = [f"{prefix}-{n + i}".encode() for i in range(size)]
             n += size
-            enqueue_batch(conn, "orders", [Message(b, key=f"k{i}") for i, b in enumerate(bodies)])
+            enqueue_batch(conn, "orders", [_message(n - size + i, b) for i, b in enumerate(bodies)])
             if rng.random() < 0.2:
                 conn.rollback()
             else:
@@ -83,6 +83,20 @@ async def _enqueue_all(
                 committed.extend(bodies)
             await asyncio.sleep(rng.random() * 0.01)
     return committed
+
+
+def _message(number: int, body: bytes) -> Message:
+    """The application's message number ``number``: every third has headers, keys repeat."""
+    return Message(body, headers={"n": str(number)} if number % 3 == 0 else None, key=f"k{number % 5}")
+
+
+def _received(dsn: str) -> list[tuple[bytes, dict[str, str] | None, str]]:
+    """What node2's inbox holds, in its order: (body, headers, key)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT body, headers, key FROM sokutatsu.messages WHERE queue = 'inbox' ORDER BY seq"
+        ).fetchall()
+    return [(bytes(body), headers, key) for body, headers, key in rows]
 
 
 def _state(dsn: str) -> str:
@@ -124,6 +138,12 @@ async def test_transfer_moves_every_committed_message_once_in_order(
     await _until(lambda: len(queue_bodies(node2)) >= len(committed), "the transfer", (receiver, daemon), (node1, node2))
     await _until(lambda: _outbox(node1) == 0, "the sender to mark everything sent", (receiver, daemon), (node1, node2))
     assert queue_bodies(node2) == committed
+    # Headers and keys arrive with their bodies (the sender's _message made them).
+    expected = []
+    for body in committed:
+        sent = _message(int(body.decode().rsplit("-", 1)[1]), body)
+        expected.append((body, dict(sent.headers) if sent.headers else None, sent.key))
+    assert _received(node2) == expected
     assert _recovery_row(node2) == (len(committed) if mode == "1pc" else 0)
     assert _prepared(node1) == _prepared(node2) == []
 

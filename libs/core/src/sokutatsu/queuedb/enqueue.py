@@ -57,6 +57,8 @@ class Message:
 # One statement: look the queue up, insert into messages (local) or outbox (forwarding),
 # notify the daemon for an immediate queue (or when the caller asks), and say which.
 # Rows are inserted in array order (WITH ORDINALITY ... ORDER BY), so seq/id follow it.
+# The arrays go in binary format (``%b``): psycopg's text format escapes every element in
+# Python, several times the statement's own cost for a batch of 1,000.
 _ENQUEUE = """
 WITH q AS (
     SELECT name, to_node, coalesce(nullif(to_queue, ''), name) AS to_queue, immediate
@@ -64,7 +66,7 @@ WITH q AS (
 ),
 m AS (
     SELECT body, headers, key, n
-    FROM unnest(%(bodies)s::bytea[], %(headers)s::jsonb[], %(keys)s::text[]) WITH ORDINALITY AS m(body, headers, key, n)
+    FROM unnest(%(bodies)b::bytea[], %(headers)b::jsonb[], %(keys)b::text[]) WITH ORDINALITY AS m(body, headers, key, n)
 ),
 local AS (
     INSERT INTO sokutatsu.messages (queue, body, headers, key)

@@ -35,10 +35,12 @@ INSERT INTO sokutatsu.queues (name)
 SELECT DISTINCT q FROM unnest(%s::text[]) AS q
 ON CONFLICT (name) DO NOTHING
 """
+# The arrays go in binary format (``%b``): in text format psycopg escapes every element in
+# Python, 10 ms of CPU for a batch of 1,000 (1.6 ms in binary).
 _STORE = """
 INSERT INTO sokutatsu.messages (queue, body, headers, key, enqueued_at)
 SELECT m.queue, m.body, m.headers, m.key, coalesce(to_timestamp(m.ns / 1e9), now())
-FROM unnest(%(queues)s::text[], %(bodies)s::bytea[], %(headers)s::jsonb[], %(keys)s::text[], %(ns)s::bigint[])
+FROM unnest(%(queues)b::text[], %(bodies)b::bytea[], %(headers)b::jsonb[], %(keys)b::text[], %(ns)b::bigint[])
      WITH ORDINALITY AS m(queue, body, headers, key, ns, n)
 ORDER BY m.n
 """

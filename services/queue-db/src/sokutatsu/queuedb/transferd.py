@@ -402,7 +402,7 @@ class PeerLink:
                 first, final = last + 1, last + len(picked)
                 await conn.execute(
                     "INSERT INTO sokutatsu.transfer_batches (to_node, first_id, last_id, outbox_ids) "
-                    "VALUES (%s, %s, %s, %s)",
+                    "VALUES (%s, %s, %s, %b::bigint[])",  # binary: see receiver._STORE
                     (self.peer.node, first, final, [r[0] for r in picked]),
                 )
                 await conn.execute(
@@ -512,7 +512,7 @@ class PeerLink:
                 await conn.execute("ROLLBACK")
                 return None
             gid = f"{self._gids}{rows[0][0]}-{time.time_ns()}"
-            await conn.execute("DELETE FROM sokutatsu.outbox WHERE id = ANY(%s)", ([r[0] for r in rows],))
+            await conn.execute("DELETE FROM sokutatsu.outbox WHERE id = ANY(%b::bigint[])", ([r[0] for r in rows],))
             await conn.execute(
                 "INSERT INTO sokutatsu.twopc_decisions (gid, to_node) VALUES (%s, %s)", (gid, self.peer.node)
             )
