@@ -56,3 +56,12 @@ def test_repeated_strings_are_checked() -> None:
     with pytest.raises(InvalidArgument) as refused:
         refuse_nul(queuedb_pb2.AckRequest(queue="q", lease_ids=["a", "b\x00"]))
     assert str(refused.value).startswith("AckRequest.lease_ids has 'b\\x00'")
+
+
+def test_maps_of_numbers_are_checked_by_their_keys_only() -> None:
+    from sokutatsu.broker.v1 import broker_pb2  # noqa: PLC0415 - a map<string, uint64>, which queue-db has none of
+
+    refuse_nul(broker_pb2.Position(last_seq={"publisher-1": 7}))
+    with pytest.raises(InvalidArgument) as refused:
+        refuse_nul(broker_pb2.Position(last_seq={"pub\x00": 7}))
+    assert str(refused.value).startswith("Position.last_seq has a key 'pub\\x00'")

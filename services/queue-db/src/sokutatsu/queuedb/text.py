@@ -19,7 +19,8 @@ class _Plan:
 
     strings: tuple[str, ...]
     repeated_strings: tuple[str, ...]
-    maps: tuple[tuple[str, bool], ...]  # (name, whether its values are messages)
+    # (name, whether its keys are text, what its values are: "message", "string" or "other")
+    maps: tuple[tuple[str, bool, str], ...]
     messages: tuple[tuple[str, bool], ...]  # (name, whether repeated)
 
 
@@ -27,11 +28,15 @@ class _Plan:
 def _plan(descriptor: Descriptor) -> _Plan:
     strings: list[str] = []
     repeated_strings: list[str] = []
-    maps: list[tuple[str, bool]] = []
+    maps: list[tuple[str, bool, str]] = []
     messages: list[tuple[str, bool]] = []
     for field in descriptor.fields:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            maps.append((field.name, field.message_type.fields_by_name["value"].message_type is not None))
+            key, value = (field.message_type.fields_by_name[n] for n in ("key", "value"))
+            kind = (
+                "message" if value.message_type else "string" if value.type == FieldDescriptor.TYPE_STRING else "other"
+            )
+            maps.append((field.name, key.type == FieldDescriptor.TYPE_STRING, kind))
         elif field.message_type is not None:
             messages.append((field.name, field.is_repeated))
         elif field.type == FieldDescriptor.TYPE_STRING:
@@ -57,8 +62,8 @@ def _refuse(message: Message, path: tuple[str, ...]) -> None:
         for value in getattr(message, name):
             if "\x00" in value:
                 _refused(path, f".{name}", value)
-    for name, of_messages in plan.maps:
-        _refuse_map(getattr(message, name), of_messages, path, name)
+    for name, text_keys, values in plan.maps:
+        _refuse_map(getattr(message, name), text_keys, values, path, name)
     for name, repeated in plan.messages:
         if repeated:
             for index, item in enumerate(getattr(message, name)):
@@ -67,13 +72,13 @@ def _refuse(message: Message, path: tuple[str, ...]) -> None:
             _refuse(getattr(message, name), (*path, f".{name}"))
 
 
-def _refuse_map(entries: Any, of_messages: bool, path: tuple[str, ...], name: str) -> None:
+def _refuse_map(entries: Any, text_keys: bool, values: str, path: tuple[str, ...], name: str) -> None:
     for key, item in entries.items():
-        if "\x00" in key:
+        if text_keys and "\x00" in key:
             _refused(path, f".{name}", key, "a key ")
-        if of_messages:
+        if values == "message":
             _refuse(item, (*path, f".{name}[{key!r}]"))
-        elif "\x00" in item:
+        elif values == "string" and "\x00" in item:
             _refused(path, f".{name}[{key!r}]", item)
 
 
