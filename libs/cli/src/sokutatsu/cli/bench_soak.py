@@ -57,6 +57,7 @@ from sokutatsu.cli.bench_common import (
     machine,
     pair_with_monitor,
     percentile,
+    settle_collector,
     stdin_words,
     steal_percent,
     tell,
@@ -657,6 +658,7 @@ def bench_soak(  # noqa: PLR0917 - typer commands take one parameter per option
         f"broker MAX_BYTES {cfg.max_bytes // MIB} MiB, QUEUE_BUDGET {cfg.queue_budget // MIB} MiB; "
         f"RSS budget {cfg.rss_budget // MIB} MiB per broker; load average {os.getloadavg()[0]:.2f}"
     )
+    settle_collector()
     result = asyncio.run(run(cfg, progress=console.print))
     console.print(markdown(result))
     normal, slow, stalled = result["normal"], result["slow"], result["stalled"]

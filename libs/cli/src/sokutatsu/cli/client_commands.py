@@ -212,12 +212,13 @@ def bench_throughput(
     ] = False,
 ) -> None:
     """1 publisher -> 1 subscriber, 1 KiB persistent acked messages: msgs/s, and p50/p99 at 5,000 msgs/s."""
-    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_common import settle_collector, write_json  # noqa: PLC0415 - only for this command
     from sokutatsu.cli.bench_throughput import FULL, QUICK, run, run_tracing_comparison  # noqa: PLC0415
 
     cfg = QUICK if quick else FULL
     if tracing:
         console.print(f"bench throughput ({'quick' if quick else 'full'}), untraced then traced to files")
+        settle_collector()
         compared = asyncio.run(run_tracing_comparison(cfg))
         compared["mode"] = "quick" if quick else "full"
         for label in ("untraced", "traced"):
@@ -237,6 +238,7 @@ def bench_throughput(
         f"bench throughput ({'quick' if quick else 'full'}): {cfg.messages} messages flat out, "
         f"then {cfg.rate} msgs/s for {cfg.seconds:g}s; {cfg.size}-byte bodies, persistent, acknowledged"
     )
+    settle_collector()
     result = asyncio.run(run(cfg))
     result["mode"] = "quick" if quick else "full"
     console.print(
@@ -255,7 +257,7 @@ def bench_switchover(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
 ) -> None:
     """Broker pair + monitor: switch a subscriber back and forth while messages flow; step timings."""
-    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_common import settle_collector, write_json  # noqa: PLC0415 - only for this command
     from sokutatsu.cli.bench_switchover import FULL, QUICK, measure  # noqa: PLC0415
 
     cfg = QUICK if quick else FULL
@@ -263,6 +265,7 @@ def bench_switchover(
         f"bench switchover ({'quick' if quick else 'full'}): {cfg.switches} switches, one every {cfg.pause:g}s, "
         f"while {cfg.rate:,} msgs/s of {cfg.size} bytes flow to the pair"
     )
+    settle_collector()
     result = asyncio.run(measure(cfg))
     result["mode"] = "quick" if quick else "full"
     steps = "  ".join(f"{k} {v} ms" for k, v in result["step_ms_p50"].items())
@@ -296,7 +299,7 @@ def bench_slow_subscriber(
     """Seed 000's experiment: a subscriber turns slow; flow-to-disk vs migrate, per message size."""
     import dataclasses  # noqa: PLC0415 - only for this command
 
-    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
+    from sokutatsu.cli.bench_common import settle_collector, write_json  # noqa: PLC0415
     from sokutatsu.cli.bench_slow import FULL, QUICK, measure  # noqa: PLC0415
 
     try:
@@ -311,6 +314,7 @@ def bench_slow_subscriber(
         + ", ".join(f"{s // 1024} KiB at {cfg.rate(s)} msgs/s" for s in chosen)
         + f"; slow-down after {cfg.before_seconds:g}s for {cfg.slow_seconds:g}s"
     )
+    settle_collector()
     result = asyncio.run(measure(cfg))
     result["mode"] = "quick" if quick else "full"
     console.print(result["table"])
@@ -380,7 +384,7 @@ def bench_peers(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
 ) -> None:
     """Sokutatsu vs RabbitMQ vs NATS JetStream on this machine: throughput, latency, a slow consumer."""
-    from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415 - only for this command
+    from sokutatsu.cli.bench_common import settle_collector, write_json  # noqa: PLC0415 - only for this command
     from sokutatsu.cli.bench_peers import FULL, QUICK, SYSTEMS, measure  # noqa: PLC0415
 
     chosen = [s.strip() for s in systems.split(",") if s.strip()]
@@ -392,6 +396,7 @@ def bench_peers(
         f"bench peers ({'quick' if quick else 'full'}): {', '.join(chosen)}; throughput {cfg.messages:,} msgs, "
         f"latency and slow consumer at {cfg.rate:,} msgs/s of 1 KiB"
     )
+    settle_collector()  # the same for every system: each one's publisher runs in this process
     result = asyncio.run(measure(cfg, chosen, say=console.print))
     result["mode"] = "quick" if quick else "full"
     console.print(result["table"])
