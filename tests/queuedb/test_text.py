@@ -3,6 +3,8 @@ messages at any depth) is checked for NUL, and the error names where the first o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from sokutatsu.core.errors import InvalidArgument
@@ -10,7 +12,9 @@ from sokutatsu.queuedb.text import refuse_nul
 from sokutatsu.queuedb.v1 import queuedb_pb2
 
 
-def _batch(**changes: object) -> queuedb_pb2.PrepareBatchRequest:
+def _batch(
+    edit: Callable[[queuedb_pb2.PrepareBatchRequest], object] = lambda request: None,
+) -> queuedb_pb2.PrepareBatchRequest:
     messages = [
         queuedb_pb2.TransferredMessage(transfer_id=i, queue="inbox", body=b"\x00 bodies are bytes", key=f"k{i}")
         for i in range(1, 4)
@@ -18,37 +22,40 @@ def _batch(**changes: object) -> queuedb_pb2.PrepareBatchRequest:
     request = queuedb_pb2.PrepareBatchRequest(
         gid="sokutatsu:node1:1", batch=queuedb_pb2.TransferBatch(sender_node="node1", messages=messages)
     )
-    for path, value in changes.items():
-        target: object = request
-        *parents, last = path.split(".")
-        for part in parents:
-            target = target[int(part)] if part.isdigit() else getattr(target, part)  # type: ignore[index]
-        if last == "headers":
-            target.headers.update(value)  # type: ignore[attr-defined]
-        else:
-            setattr(target, last, value)
+    edit(request)
     return request
 
 
 def test_a_request_without_nul_passes_and_bytes_may_hold_nul() -> None:
-    refuse_nul(_batch(**{"batch.messages.1.headers": {"h": "v"}}))
+    refuse_nul(_batch(lambda r: r.batch.messages[1].headers.update({"h": "v"})))
     refuse_nul(queuedb_pb2.AckRequest(queue="q", lease_ids=["a", "b"]))
 
 
 @pytest.mark.parametrize(
-    ("changes", "named"),
+    ("edit", "named"),
     [
-        ({"gid": "a\x00b"}, "PrepareBatchRequest.gid has "),
-        ({"batch.sender_node": "n\x00"}, "PrepareBatchRequest.batch.sender_node has "),
-        ({"batch.messages.2.queue": "in\x00box"}, "PrepareBatchRequest.batch.messages[2].queue has "),
-        ({"batch.messages.0.key": "\x00"}, "PrepareBatchRequest.batch.messages[0].key has "),
-        ({"batch.messages.1.headers": {"h\x00": "v"}}, "PrepareBatchRequest.batch.messages[1].headers has a key "),
-        ({"batch.messages.1.headers": {"h": "v\x00"}}, "PrepareBatchRequest.batch.messages[1].headers['h'] has "),
+        (lambda r: setattr(r, "gid", "a\x00b"), "PrepareBatchRequest.gid has "),
+        (lambda r: setattr(r.batch, "sender_node", "n\x00"), "PrepareBatchRequest.batch.sender_node has "),
+        (
+            lambda r: setattr(r.batch.messages[2], "queue", "in\x00box"),
+            "PrepareBatchRequest.batch.messages[2].queue has ",
+        ),
+        (lambda r: setattr(r.batch.messages[0], "key", "\x00"), "PrepareBatchRequest.batch.messages[0].key has "),
+        (
+            lambda r: r.batch.messages[1].headers.update({"h\x00": "v"}),
+            "PrepareBatchRequest.batch.messages[1].headers has a key ",
+        ),
+        (
+            lambda r: r.batch.messages[1].headers.update({"h": "v\x00"}),
+            "PrepareBatchRequest.batch.messages[1].headers['h'] has ",
+        ),
     ],
 )
-def test_the_first_nul_is_named_where_it_is(changes: dict[str, object], named: str) -> None:
+def test_the_first_nul_is_named_where_it_is(
+    edit: Callable[[queuedb_pb2.PrepareBatchRequest], object], named: str
+) -> None:
     with pytest.raises(InvalidArgument, match="NUL character") as refused:
-        refuse_nul(_batch(**changes))
+        refuse_nul(_batch(edit))
     assert str(refused.value).startswith(named)
 
 
