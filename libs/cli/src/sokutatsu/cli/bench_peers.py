@@ -31,7 +31,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,6 +273,19 @@ def reachable(system: str) -> str | None:
         return f"nothing answers on 127.0.0.1:{port} ({exc.strerror or exc})"
 
 
+async def _scenario(
+    run: Callable[[str, PeersConfig], Awaitable[dict[str, Any]]], system: str, cfg: PeersConfig
+) -> dict[str, Any]:
+    """One scenario's figures with the CPU steal during it, or the error that ended it."""
+    before = cpu_sample()
+    try:
+        figures = await run(system, cfg)
+    except Exception as exc:  # noqa: BLE001 - one failing system or scenario must not hide the others
+        figures = {"error": f"{type(exc).__name__}: {exc}"}
+    figures["cpu_steal_percent"] = steal_percent(before, cpu_sample())
+    return figures
+
+
 async def measure(cfg: PeersConfig, systems: Sequence[str] = SYSTEMS, say: Any = print) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for system in systems:
@@ -281,26 +294,14 @@ async def measure(cfg: PeersConfig, systems: Sequence[str] = SYSTEMS, say: Any =
             say(f"{system}: skipped, {missing}")
             out[system] = {"skipped": missing}
             continue
-        figures: dict[str, Any] = {}
+        out[system] = {}
         for scenario, run in (("throughput", throughput), ("latency", latency), ("slow_consumer", slow_consumer)):
             say(f"{system}: {scenario} ...")
-            before = cpu_sample()
-            try:
-                figures[scenario] = await run(system, cfg)
-            except Exception as exc:  # noqa: BLE001 - one failing system or scenario must not hide the others
-                figures[scenario] = {"error": f"{type(exc).__name__}: {exc}"}
-            figures[scenario]["cpu_steal_percent"] = steal_percent(before, cpu_sample())
-        out[system] = figures
+            out[system][scenario] = await _scenario(run, system, cfg)
     if "sokutatsu" in systems:
         for system in REFERENCES:
             say(f"{system}: latency (reference) ...")
-            before = cpu_sample()
-            try:
-                figures = {"latency": await latency(system, cfg)}
-            except Exception as exc:  # noqa: BLE001 - as above
-                figures = {"latency": {"error": f"{type(exc).__name__}: {exc}"}}
-            figures["latency"]["cpu_steal_percent"] = steal_percent(before, cpu_sample())
-            out[system] = figures
+            out[system] = {"latency": await _scenario(latency, system, cfg)}
     return {
         "benchmark": "peers",
         "systems": out,
