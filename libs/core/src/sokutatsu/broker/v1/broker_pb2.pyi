@@ -1082,6 +1082,8 @@ class BrokerStats(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     AUTH_REFUSALS_FIELD_NUMBER: _builtins.int
     CLIENT_LIMITS_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_FIELD_NUMBER: _builtins.int
+    QUEUES_BEHIND_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1114,6 +1116,18 @@ class BrokerStats(_message.Message):
     """Fencing epoch of the current role (see RoleInfo)."""
     auth_refusals: _builtins.int
     """Calls refused by auth since start (UNAUTHENTICATED and PERMISSION_DENIED; 0 with auth off)."""
+    caught_up: _builtins.bool
+    """Whether this broker holds, for every durable subscription, every
+    message its subscriber has not acknowledged: it has its peer's holdings
+    for the current session, and no queue lacks a message after the
+    subscriber's acknowledged position (a hole left while this broker was
+    away, or an away copy trimmed to its tail). Losing the peer while this is
+    false loses what only the peer held (the SDK reports it as a gap).
+    """
+    queues_behind: _builtins.int
+    """Durable queues here that lack messages their subscriber has not yet
+    acknowledged (see caught_up).
+    """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStats]: ...
     @_builtins.property
@@ -1147,10 +1161,12 @@ class BrokerStats(_message.Message):
         epoch: _builtins.int = ...,
         auth_refusals: _builtins.int = ...,
         client_limits: Global___ClientLimits | None = ...,
+        caught_up: _builtins.bool = ...,
+        queues_behind: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client_limits", b"client_limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "caught_up", b"caught_up", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "queues_behind", b"queues_behind", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1627,6 +1643,9 @@ class DeliveredWatermarks(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    HOLDINGS_INCLUDED_FIELD_NUMBER: _builtins.int
+    HOLDINGS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -1638,6 +1657,19 @@ class DeliveredWatermarks(_message.Message):
     (then the higher broker id) steps down to standby.
     """
     epoch: _builtins.int
+    session: _builtins.int
+    """How many times the sender has started hearing the receiver (again): its
+    peer session. Every frame carries it.
+    """
+    holdings_included: _builtins.bool
+    """Set on the first frame of each session (and of each stream): `holdings`
+    then lists, for every durable subscription the sender holds, the last
+    number of each publisher it put in that queue. It is taken after the
+    sender heard the receiver, so it covers everything the sender
+    acknowledged alone. The receiver raises its floors to it (it may lack
+    those messages) and takes no subscriber over until it has the holdings
+    of the sender's current session.
+    """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
     @_builtins.property
@@ -1649,6 +1681,8 @@ class DeliveredWatermarks(_message.Message):
         each durable subscription on both.
         """
 
+    @_builtins.property
+    def holdings(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberHoldings]: ...
     def __init__(
         self,
         *,
@@ -1658,14 +1692,45 @@ class DeliveredWatermarks(_message.Message):
         role: Global___BrokerRole.ValueType = ...,
         epoch: _builtins.int = ...,
         subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
+        session: _builtins.int = ...,
+        holdings_included: _builtins.bool = ...,
+        holdings: _abc.Iterable[Global___SubscriberHoldings] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "role", b"role", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeliveredWatermarks: _TypeAlias = DeliveredWatermarks  # noqa: Y015
+
+@_typing.final
+class SubscriberHoldings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    LAST_ENQUEUED_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscriber_id: _builtins.str
+    @_builtins.property
+    def last_enqueued(self) -> Global___Position:
+        """For each publisher, the last number put in the sender's queue."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscriber_id: _builtins.str = ...,
+        last_enqueued: Global___Position | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriberHoldings: _TypeAlias = SubscriberHoldings  # noqa: Y015
 
 @_typing.final
 class SubscriberWatermark(_message.Message):
