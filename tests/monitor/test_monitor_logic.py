@@ -84,7 +84,14 @@ class Harness:
         self.monitor.tick(time.monotonic())
 
     def kill(self, broker_id: str) -> None:
-        """Its statistics stream breaks and nothing more arrives."""
+        """Its statistics stream breaks and nothing more arrives; its peer stops hearing it."""
+        self.hide(broker_id)
+        for other, stats in self.current.items():
+            if other != broker_id:
+                stats.peer_up = False
+
+    def hide(self, broker_id: str) -> None:
+        """The monitor stops hearing it (busy, or cut off from the monitor); its peer still does."""
         self.silent.add(broker_id)
         self.monitor.links[broker_id].down = True
         self.monitor.links[broker_id].error = "statistics stream: UNAVAILABLE: connection refused"
@@ -255,6 +262,59 @@ async def test_failover_promotes_the_standby_once_and_is_recorded(harness: Harne
     assert h.monitor.status(0).active_broker_id == "broker-b"
     served = h.monitor.assignment("desk-1", "prices")
     assert served.broker_id in ("broker-a", "broker-b")  # until broker-b's statistics say it serves
+
+
+async def test_an_active_only_the_monitor_lost_is_not_failed_over(harness: Harness) -> None:
+    """The active stops answering the monitor (a busy event loop, a cut) while the standby
+    still hears it: no promotion; once the standby stops hearing it too, the failover."""
+    h = harness
+    _normal_pair(h)
+    h.hide("broker-a")
+    await h.ticks_until(lambda: h.monitor.roles.held is not None, "the failover held")
+    assert h.monitor.roles.held == ("peer-heard", "broker-b")
+    for _ in range(30):  # far past the failover time
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert h.stubs["broker-b"].roles == []
+    assert not h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)
+    h.current["broker-b"].peer_up = False
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)), "the failover")
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    assert h.monitor.roles.held is None
+
+
+async def test_a_failed_task_is_logged_and_the_monitor_goes_on(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+
+    async def broken() -> None:
+        raise ValueError("Value out of range: 18446744073709551616")
+
+    task = h.monitor.spawn(broken(), "broken")
+    with pytest.raises(ValueError, match="out of range"):
+        await task  # whoever awaits it still gets the error
+    _normal_pair(h)
+    h.kill("broker-a")
+    await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)), "a failover after it")
+    assert "task broken failed; the monitor goes on" in caplog.text
+
+
+async def test_an_epoch_set_by_hand_to_the_end_of_uint64_holds_roles_and_is_said_once(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness
+    _normal_pair(h)
+    h.current["broker-b"].epoch = 2**64 - 1
+    h.kill("broker-a")
+    await h.ticks_until(lambda: h.monitor.roles.held is not None, "the failover held")
+    assert h.monitor.roles.held == ("epoch-exhausted", "broker-b")
+    for _ in range(30):
+        h.tick()
+        await asyncio.sleep(0.01)
+    assert h.stubs["broker-b"].roles == []
+    assert caplog.text.count("epoch is exhausted") == 1
+    assert h.monitor.roles.highest_epoch == 1  # not remembered: a restarted broker-b is not held
 
 
 async def test_two_actives_the_older_epoch_is_demoted(harness: Harness) -> None:

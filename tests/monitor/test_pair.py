@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.monitor.pair import Member, decide_roles
+from sokutatsu.monitor.pair import MAX_EPOCH, Held, Member, RoleChange, decide_roles
 
 ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
 STANDBY = broker_pb2.BROKER_ROLE_STANDBY
@@ -21,7 +21,7 @@ def test_failover_only_after_the_active_was_silent_long_enough() -> None:
     dead = replace(A, reachable=False)
     assert decide_roles([dead, B], now=10.5, no_active_since=10.0, failover_after=1.0, highest_epoch=1) is None
     change = decide_roles([dead, B], now=11.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert (change.broker_id, change.role, change.epoch, change.peer, change.failover) == (
         "broker-b",
         ACTIVE,
@@ -35,7 +35,7 @@ def test_failover_only_after_the_active_was_silent_long_enough() -> None:
 def test_the_new_epoch_is_above_every_epoch_seen() -> None:
     dead = replace(A, reachable=False, epoch=7)
     change = decide_roles([dead, B], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=9)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert change.epoch == 10
 
 
@@ -47,17 +47,17 @@ def test_nothing_to_promote_when_neither_answers() -> None:
 def test_two_standbys_promote_the_higher_epoch_then_the_first() -> None:
     a, b = replace(A, role=STANDBY, epoch=4), replace(B, epoch=5)
     change = decide_roles([a, b], now=5.0, no_active_since=0.0, failover_after=1.0, highest_epoch=5)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert change.broker_id == "broker-b"
     change = decide_roles([replace(a, epoch=5), b], now=5.0, no_active_since=0.0, failover_after=1.0, highest_epoch=5)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert change.broker_id == "broker-a"
 
 
 def test_two_actives_demote_the_older_epoch() -> None:
     promoted = replace(B, role=ACTIVE, epoch=2)
     change = decide_roles([A, promoted], now=30.0, no_active_since=None, failover_after=1.0, highest_epoch=2)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert (change.broker_id, change.role, change.epoch, change.peer, change.failover) == (
         "broker-a",
         STANDBY,
@@ -71,6 +71,70 @@ def test_two_actives_on_one_epoch_demote_the_one_that_came_back() -> None:
     back = replace(A, up_since=29.0)
     stayed = replace(B, role=ACTIVE, up_since=1.0)
     change = decide_roles([back, stayed], now=30.0, no_active_since=None, failover_after=1.0, highest_epoch=1)
-    assert change is not None
+    assert isinstance(change, RoleChange)
     assert change.broker_id == "broker-a"
     assert "came back last" in change.why
+
+
+# ------------------------------------------------ failover needs the standby's word too --
+def test_no_failover_while_the_standby_still_hears_the_active() -> None:
+    """A busy active misses the monitor's statistics but still sends pair frames: not dead."""
+    silent, hearing = replace(A, reachable=False), replace(B, peer_up=True)
+    held = decide_roles([silent, hearing], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(held, Held)
+    assert (held.kind, held.broker_id) == ("peer-heard", "broker-b")
+    assert "broker-b still hears it" in held.why
+
+
+def test_failover_once_the_standby_stops_hearing_the_active() -> None:
+    silent = replace(A, reachable=False)
+    change = decide_roles([silent, B], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(change, RoleChange)
+    assert (change.broker_id, change.role, change.failover) == ("broker-b", ACTIVE, True)
+    assert "broker-b does not hear it either" in change.why
+
+
+def test_failover_without_waiting_for_the_standby_when_the_active_is_shutting_down() -> None:
+    stopping, hearing = replace(A, reachable=False, stopping=True), replace(B, peer_up=True)
+    change = decide_roles([stopping, hearing], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(change, RoleChange)
+    assert change.broker_id == "broker-b"
+    assert "shutting down" in change.why
+
+
+def test_two_standbys_that_hear_each_other_still_get_an_active() -> None:
+    """The monitor sees the other broker is not active: hearing it says nothing about an active."""
+    a, b = replace(A, role=STANDBY, peer_up=True), replace(B, peer_up=True)
+    change = decide_roles([a, b], now=5.0, no_active_since=0.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(change, RoleChange)
+    assert (change.broker_id, change.role) == ("broker-a", ACTIVE)
+
+
+def test_the_standby_hearing_the_active_does_not_hurry_the_failover() -> None:
+    silent = replace(A, reachable=False)
+    assert decide_roles([silent, B], now=10.5, no_active_since=10.0, failover_after=1.0, highest_epoch=1) is None
+
+
+# ------------------------------------------------------------------------ epochs --
+def test_an_epoch_at_the_ceiling_holds_the_failover_instead_of_overflowing() -> None:
+    silent, top = replace(A, reachable=False), replace(B, epoch=MAX_EPOCH)
+    held = decide_roles([silent, top], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(held, Held)
+    assert (held.kind, held.broker_id) == ("epoch-exhausted", "broker-b")
+    assert f"broker-b reports epoch {MAX_EPOCH}" in held.why
+    assert "epoch is exhausted" in held.why
+
+
+def test_an_epoch_uint64_cannot_exceed_holds_the_demotion_too() -> None:
+    hostile = replace(B, role=ACTIVE, epoch=2**64 - 1)
+    held = decide_roles([A, hostile], now=30.0, no_active_since=None, failover_after=1.0, highest_epoch=1)
+    assert isinstance(held, Held)
+    assert (held.kind, held.broker_id) == ("epoch-exhausted", "broker-a")
+    assert str(2**64 - 1) in held.why
+
+
+def test_the_last_epoch_under_the_ceiling_is_still_proposed() -> None:
+    silent, near = replace(A, reachable=False), replace(B, epoch=MAX_EPOCH - 1)
+    change = decide_roles([silent, near], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
+    assert isinstance(change, RoleChange)
+    assert change.epoch == MAX_EPOCH

@@ -51,6 +51,19 @@ INFLOW_WINDOW_SECONDS = 5.0
 MIGRATE = broker_pb2.OVERFLOW_MODE_MIGRATE
 
 
+async def _guard(task: asyncio.Task[Any]) -> None:
+    """Wait for a spawned task; log its failure (a fault in one task must not stop the monitor)."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # the monitor stops: the guard is cancelled, and the task with it
+        # Only the task was cancelled (by whoever started it): nothing to report.
+    except Exception:
+        log.exception("task %s failed; the monitor goes on", task.get_name())
+
+
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:12]}"
 
@@ -89,10 +102,18 @@ class Monitor:
             await link.close()
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """Run ``coro`` as a task of the monitor; its failure is logged and never stops the monitor.
+
+        The task returned is not in the task group (an exception there would cancel the group
+        and end the process): a guard in the group awaits it, logs what it raised, and makes
+        the task end with the group. Whoever awaits the task still gets its result or error.
+        """
         if self._group is None:
             coro.close()
             raise Unavailable("the monitor is starting; try again")
-        return self._group.create_task(coro, name=name)
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._group.create_task(_guard(task), name=f"guard-{name}")
+        return task
 
     async def _loop(self) -> None:
         while True:
@@ -405,7 +426,18 @@ class Monitor:
             stats = link.stats
             role = stats.role if stats is not None else broker_pb2.BROKER_ROLE_UNSPECIFIED
             epoch = stats.epoch if stats is not None else 0
+            peer_up = stats.peer_up if stats is not None else False
             out.append(
-                Member(link.broker_id, link.address, link.reachable(now), role, epoch, link.up_since, link.last_ok)
+                Member(
+                    link.broker_id,
+                    link.address,
+                    link.reachable(now),
+                    role,
+                    epoch,
+                    link.up_since,
+                    link.last_ok,
+                    peer_up=peer_up,
+                    stopping=link.draining,
+                )
             )
         return out

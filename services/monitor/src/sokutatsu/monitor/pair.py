@@ -1,17 +1,24 @@
-"""Roles of the broker pair: failover when no broker answers as active, one active only.
+"""Roles of the broker pair: failover when the active is gone, one active only.
 
 Pure rules over what the monitor sees (time passed in):
 
 * **Failover**: when no reachable broker has reported ``ACTIVE`` for ``failover_after``
   seconds, the reachable standby is promoted (the higher epoch, then the one up longest,
   then the first configured). This covers the active dying and a pair that came up with no
-  active at all.
+  active at all. The monitor's silence alone is not enough: while the standby to promote
+  still hears the other broker (``BrokerStats.peer_up``: a pair frame within the brokers'
+  peer timeout) and the monitor cannot see that broker, it is alive but busy or cut off from
+  the monitor, and the failover is held. It goes ahead once the standby stops hearing it too,
+  at once when the monitor sees the other broker is not active (both standby), and when that
+  broker said it is shutting down (health not SERVING).
 * **One active**: when both report ``ACTIVE`` (a broker came back as active after the
   standby was promoted), the one with the lower epoch is demoted; on equal epochs, the one
   that came back last.
 
 Every change carries an epoch above every epoch seen, so a broker can fence off commands
-from the past (``SetRole`` with an older epoch is refused).
+from the past (``SetRole`` with an older epoch is refused). Epochs the monitor proposes stay
+at or under :data:`MAX_EPOCH`: when a change would need a higher one (a broker reports an
+absurd epoch, e.g. one set by hand with ``SetRole``), the change is held and said why.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from sokutatsu.broker.v1 import broker_pb2
 
 ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
 STANDBY = broker_pb2.BROKER_ROLE_STANDBY
+# The highest epoch the monitor proposes (the brokers refuse SetRole above it); far below
+# uint64's end, so no increment of an epoch seen can overflow the field.
+MAX_EPOCH = 2**62
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,10 @@ class Member:
     # Monotonic time it became reachable (last time), and it was last heard from.
     up_since: float
     last_ok: float
+    # Its last statistics: it hears its peer (a pair frame within the peer timeout).
+    peer_up: bool = False
+    # Its health answered other than SERVING: it is shutting down.
+    stopping: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,10 +61,28 @@ class RoleChange:
     failover: bool  # a promotion because the active was lost
 
 
+@dataclass(frozen=True)
+class Held:
+    """A change the rules would make but must not (yet): ``kind`` names the reason, ``why`` says it."""
+
+    kind: str  # "peer-heard" or "epoch-exhausted"
+    broker_id: str  # the broker the change was for
+    why: str
+
+
 def decide_roles(
     members: Sequence[Member], now: float, no_active_since: float | None, failover_after: float, highest_epoch: int
-) -> RoleChange | None:
+) -> RoleChange | Held | None:
     """The one role change to make now, if any (``members`` in configured order)."""
+    change = _decide(members, now, no_active_since, failover_after, highest_epoch)
+    if isinstance(change, RoleChange) and change.epoch > MAX_EPOCH:
+        return _exhausted(change, members, highest_epoch)
+    return change
+
+
+def _decide(
+    members: Sequence[Member], now: float, no_active_since: float | None, failover_after: float, highest_epoch: int
+) -> RoleChange | Held | None:
     epoch = max([highest_epoch, *(m.epoch for m in members)]) + 1
     actives = [m for m in members if m.reachable and m.role == ACTIVE]
     if len(actives) > 1:
@@ -73,4 +105,31 @@ def decide_roles(
     other = next((m for m in members if m is not chosen), None)
     gone = f"{other.broker_id} has not answered as active" if other is not None else "no broker answers as active"
     why = f"{gone} for {now - no_active_since:.2f}s"
+    if other is not None and not other.reachable and not other.stopping and chosen.peer_up:
+        return Held(
+            "peer-heard",
+            chosen.broker_id,
+            f"{why}, but {chosen.broker_id} still hears it (peer_up): it is busy or cut off from the monitor, "
+            f"not dead; no failover while {chosen.broker_id} hears it",
+        )
+    if other is not None and not other.reachable:
+        why += f" and {chosen.broker_id} does not hear it either" if not other.stopping else " (it is shutting down)"
     return RoleChange(chosen.broker_id, ACTIVE, epoch, other.address if other else "", why, failover=True)
+
+
+def _exhausted(change: RoleChange, members: Sequence[Member], highest_epoch: int) -> Held:
+    top = max(members, key=lambda m: m.epoch)
+    source = (
+        f"{top.broker_id} reports epoch {top.epoch}"
+        if top.epoch >= highest_epoch
+        else (f"epoch {highest_epoch} was seen earlier")
+    )
+    role = broker_pb2.BrokerRole.Name(change.role).removeprefix("BROKER_ROLE_").lower()
+    return Held(
+        "epoch-exhausted",
+        change.broker_id,
+        f"{change.broker_id} should become {role} ({change.why}), but the pair's epoch is exhausted: {source}, "
+        f"and a role change needs a higher one, above {MAX_EPOCH} (2^62), the most the monitor proposes; "
+        "no role change until the brokers' epochs are back under it (restart the broker holding it; a "
+        "restarted monitor forgets the epochs it saw)",
+    )

@@ -4,7 +4,10 @@ A failover is recorded among the switchovers (reason FAILOVER, no subscriber: ev
 moves) with two steps: DETECT, from the last time the active was heard from until the
 monitor gave up on it, and PROMOTE, the ``SetRole`` call. After a role change the keeper
 waits until the broker's statistics show the new epoch (or the failover time passed)
-before deciding again, so one lost active never causes two promotions.
+before deciding again, so one lost active never causes two promotions. A change the rules
+hold (``pair.Held``: the standby still hears the active, or the pair's epoch is exhausted) is
+logged once per reason, not every round. Epochs above ``MAX_EPOCH`` reported by a broker are
+not remembered (they would hold every later change until the monitor restarts).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from opentelemetry import trace
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import BrokerView
 from sokutatsu.monitor.broker_link import rpc_error_text
-from sokutatsu.monitor.pair import RoleChange, decide_roles
+from sokutatsu.monitor.pair import MAX_EPOCH, Held, RoleChange, decide_roles
 from sokutatsu.monitor.status import unix_nano_at
 from sokutatsu.monitor.switchover import timed_step, tracer
 from sokutatsu.monitor.v1 import monitor_pb2
@@ -43,10 +46,12 @@ class RoleKeeper:
         self.busy = False
         self.settle: tuple[str, int] | None = None
         self.settle_until = 0.0
+        # The reason of the change held last (logged once until it changes or clears).
+        self.held: tuple[str, str] | None = None
 
     def tick(self, views: list[BrokerView], active: BrokerView | None, now: float) -> None:
         for view in views:
-            if view.stats is not None:
+            if view.stats is not None and view.stats.epoch <= MAX_EPOCH:
                 self.highest_epoch = max(self.highest_epoch, view.stats.epoch)
         links = self.monitor.links
         if active is not None:
@@ -73,9 +78,28 @@ class RoleKeeper:
         change = decide_roles(
             self.monitor.members(now), now, self.no_active_since, settings.failover_after, self.highest_epoch
         )
+        if isinstance(change, Held):
+            self._hold(change)
+            return
+        if self.held is not None:
+            log.info("role change no longer held (%s)", self.held[0])
+            self.held = None
         if change is not None:
             self.busy = True
-            self.monitor.spawn(self._apply(change, now), f"set-role-{change.broker_id}")
+            try:
+                self.monitor.spawn(self._apply(change, now), f"set-role-{change.broker_id}")
+            except BaseException:
+                self.busy = False
+                raise
+
+    def _hold(self, held: Held) -> None:
+        """Say once why a change the rules would make is not made."""
+        key = (held.kind, held.broker_id)
+        if self.held == key:
+            return
+        self.held = key
+        level = logging.ERROR if held.kind == "epoch-exhausted" else logging.WARNING
+        log.log(level, "role change held: %s", held.why)
 
     def _observed_failover(self, lost: str, active: BrokerView, now: float) -> None:
         """The standby became active without the monitor (it promotes itself when its peer is gone)."""
@@ -114,6 +138,13 @@ class RoleKeeper:
         self.monitor.recent.appendleft(record)
 
     async def _apply(self, change: RoleChange, decided_at: float) -> None:
+        try:
+            await self._set_role(change, decided_at)
+        finally:
+            # Whatever failed, roles are decided again (the task's error is logged by Monitor.spawn).
+            self.busy = False
+
+    async def _set_role(self, change: RoleChange, decided_at: float) -> None:
         links = self.monitor.links
         link = links[change.broker_id]
         role = broker_pb2.BrokerRole.Name(change.role).removeprefix("BROKER_ROLE_").lower()
