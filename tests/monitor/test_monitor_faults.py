@@ -1,0 +1,210 @@
+"""The monitor under faults of the pair, as real processes: hostile epochs, a flooded active.
+
+Issue 19, items 4 and 5.
+
+Each test starts a real broker pair and a real monitor, makes the fault with the generated
+stubs or a signal, and waits for what the monitor says (its log or its status); nothing
+asserts on durations (the bounds in ``until`` only stop a hung test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import grpc
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.monitor.pair import MAX_EPOCH
+from sokutatsu.monitor.v1 import monitor_pb2
+from tests.broker.fix_broker import BrokerProcess
+from tests.monitor.fix_monitor import UNTIL_LIMIT_SECONDS, MonitorProcess
+from tests.monitor.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(180)
+
+Pair = tuple[BrokerProcess, BrokerProcess]
+STANDBY = broker_pb2.BROKER_ROLE_STANDBY
+ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
+
+
+def _pair_seen(status: monitor_pb2.MonitorStatus) -> bool:
+    roles = {b.broker_id: (b.serving, b.role) for b in status.brokers}
+    return roles == {"broker-a": (True, ACTIVE), "broker-b": (True, STANDBY)}
+
+
+def _broker(status: monitor_pb2.MonitorStatus, broker_id: str) -> monitor_pb2.BrokerState:
+    return next(b for b in status.brokers if b.broker_id == broker_id)
+
+
+def _failovers(status: monitor_pb2.MonitorStatus) -> list[monitor_pb2.Switchover]:
+    return [r for r in status.recent_switchovers if r.reason == monitor_pb2.SWITCHOVER_REASON_FAILOVER]
+
+
+@contextlib.contextmanager
+def _paused(broker: BrokerProcess) -> Iterator[None]:
+    """SIGSTOP the broker for the block (SIGCONT whatever happens, so it can be stopped)."""
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        broker.process.send_signal(signal.SIGCONT)
+
+
+async def _until_logged(monitor: MonitorProcess, text: str) -> str:
+    """Wait until the monitor's log says ``text``; fail at once if the monitor exited."""
+    assert monitor.process is not None
+    deadline = time.monotonic() + UNTIL_LIMIT_SECONDS
+    while time.monotonic() < deadline:
+        log = monitor.log()
+        if text in log:
+            return log
+        if monitor.process.poll() is not None:
+            raise AssertionError(f"the monitor exited ({monitor.process.returncode}):\n{log}")
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the monitor did not log {text!r}:\n{monitor.log()}")
+
+
+async def _set_role(address: str, role: broker_pb2.BrokerRole.ValueType, epoch: int) -> None:
+    async with aio.insecure_channel(address) as channel:
+        await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
+            broker_pb2.SetRoleRequest(role=role, epoch=epoch), timeout=10
+        )
+
+
+async def _highest_epoch_accepted(address: str) -> int:
+    """Put the standby at the highest epoch it accepts: 2^64-1 (what issue 19 did), or the most a
+    broker that refuses absurd epochs takes (the monitor's ceiling: nothing above is proposed)."""
+    try:
+        await _set_role(address, STANDBY, 2**64 - 1)
+    except aio.AioRpcError as error:
+        if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            raise
+        await _set_role(address, STANDBY, MAX_EPOCH)
+        return MAX_EPOCH
+    return 2**64 - 1
+
+
+async def test_an_exhausted_epoch_is_logged_and_the_monitor_keeps_running(
+    broker_pair: Callable[..., Pair], monitor_factory: Callable[..., MonitorProcess]
+) -> None:
+    """Issue 19 item 5: anyone sets the standby's epoch to 2^64-1, then the active pauses.
+
+    The failover would need an epoch above it, which uint64 cannot hold: the monitor raised
+    ValueError in a task of its task group and exited. It must say the pair's epoch is
+    exhausted, propose nothing, and keep watching (and answer once the active is back).
+    """
+    a, b = broker_pair()
+    monitor = monitor_factory((a, b))
+    monitor.start()
+    await monitor.until(_pair_seen, "the pair")
+    epoch = await _highest_epoch_accepted(b.address)
+    await monitor.until(lambda s: _broker(s, "broker-b").epoch == epoch, f"broker-b at epoch {epoch}")
+
+    with _paused(a):
+        log = await _until_logged(monitor, "epoch is exhausted")
+        said = next(line for line in log.splitlines() if "epoch is exhausted" in line)
+        assert "broker-b" in said, said
+        assert str(epoch) in said, said
+        status = await monitor.until(lambda s: not _broker(s, "broker-a").serving, "broker-a unreachable")
+        assert monitor.process is not None
+        assert monitor.process.poll() is None
+        assert _failovers(await monitor.status(recent=100)) == []
+        assert _broker(status, "broker-b").role == STANDBY
+
+    await monitor.until(_pair_seen, "the pair again after broker-a resumed")
+    assert monitor.process.poll() is None
+    log = monitor.log()
+    assert "Traceback" not in log, log
+    assert "Value out of range" not in log, log
+    assert monitor.stop() == 0
+
+
+# Issue 19 item 4: one client opens this many Subscribe streams on the active; the broker's
+# per-client limit (MAX_STREAMS_PER_CLIENT, 1000 by default) refuses the rest.
+FLOOD_STREAMS = 1500
+STREAM_LIMIT = 1000
+
+
+@contextlib.asynccontextmanager
+async def _flood(address: str, count: int) -> AsyncIterator[tuple[int, int]]:
+    """``count`` Subscribe streams on one channel (as ``sokutatsu chaos`` floods); yields
+    (accepted, refused) once each has its answer, and holds them open until the block ends."""
+    async with aio.insecure_channel(address) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        calls = []
+
+        async def one(i: int) -> bool:
+            call = stub.Subscribe()
+            calls.append(call)
+            subscription = broker_pb2.Subscription(subscriber_id=f"flood-{i}", topic="flood")
+            try:
+                await call.write(
+                    broker_pb2.SubscribeRequest(open=broker_pb2.SubscribeOpen(subscription=subscription, credits=1))
+                )
+                reply = await call.read()
+            except (aio.AioRpcError, aio.UsageError):
+                return False
+            return isinstance(reply, broker_pb2.SubscribeResponse) and reply.WhichOneof("frame") == "subscribed"
+
+        answers = await asyncio.gather(*(one(i) for i in range(count)))
+        try:
+            yield sum(answers), count - sum(answers)
+        finally:
+            for call in calls:
+                call.cancel()
+
+
+async def _broker_stats(address: str) -> broker_pb2.BrokerStats:
+    async with aio.insecure_channel(address) as channel:
+        stats: broker_pb2.BrokerStats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+            broker_pb2.GetStatsRequest(), timeout=10
+        )
+        return stats
+
+
+async def test_a_flooded_active_the_monitor_cannot_hear_is_not_failed_over(
+    broker_pair: Callable[..., Pair], monitor_factory: Callable[..., MonitorProcess]
+) -> None:
+    """Issue 19 item 4: 1,500 Subscribe streams from one client on the active, and the monitor
+    stops hearing the active meanwhile (its statistics late: here held at a proxy, so it happens
+    every run). The standby still hears the active through the pair link, so the active is busy,
+    not dead: the monitor holds the failover (it promoted broker-b at epoch 1 before) and the
+    pair keeps its roles. Once the monitor hears broker-a again, nothing has moved."""
+    a, b = broker_pair()
+    proxy = TcpProxy(a.address)
+    await proxy.start()
+    monitor = monitor_factory(brokers=f"broker-a={proxy.address},broker-b={b.address}")
+    monitor.start()
+    try:
+        await monitor.until(_pair_seen, "the pair")
+        proxy.hold()
+        async with _flood(a.address, FLOOD_STREAMS) as (accepted, refused):
+            assert (accepted, refused) == (STREAM_LIMIT, FLOOD_STREAMS - STREAM_LIMIT)
+            log = await _until_logged(monitor, "role change held")
+            said = next(line for line in log.splitlines() if "role change held" in line)
+            assert "broker-b still hears it" in said, said
+            await monitor.until(lambda s: not _broker(s, "broker-a").serving, "broker-a unreachable to the monitor")
+            standby, active = await _broker_stats(b.address), await _broker_stats(a.address)
+            assert (standby.role, active.role) == (STANDBY, ACTIVE)
+            assert active.subscriber_streams == STREAM_LIMIT
+            # Most of the rest reach the limit; grpc may end some on the client before they do.
+            assert active.client_limits.stream_refusals > 0
+            assert _failovers(await monitor.status(recent=100)) == []
+        proxy.release()
+        status = await monitor.until(_pair_seen, "the pair again once the monitor hears broker-a")
+        assert status.active_broker_id == "broker-a"
+        assert _failovers(await monitor.status(recent=100)) == []
+        assert (await _broker_stats(b.address)).epoch == 0
+    finally:
+        proxy.release()
+        await proxy.close()
+    assert monitor.process is not None
+    assert monitor.process.poll() is None
+    assert "Traceback" not in monitor.log()
