@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_SYSTEM_CERTS := 1
 RUN := $(UV) run --locked --no-sync
 
-.PHONY: help setup protos lint test up demo bench
+.PHONY: help setup protos lint test up demo bench chaos
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,3 +48,6 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench throughput --tracing $(if $(QUICK),--quick) --json bench/results/throughput-tracing$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench analytics $(if $(QUICK),--spans 100000) --json bench/results/analytics$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench soak $(if $(QUICK),--quick) --json bench/results/soak$(if $(QUICK),-quick).json
+
+chaos: setup ## Fault schedules against the broker pair, checked; report to bench/results/ (SEEDS=3 MINUTES=1)
+	$(RUN) sokutatsu chaos --seeds $(or $(SEEDS),3) --minutes $(or $(MINUTES),1)

@@ -21,6 +21,7 @@ from sokutatsu.cli import (
     bench_analytics,
     bench_soak,
     certs,
+    chaos,
     client_commands,
     queuedb_command,
     simulate_command,
@@ -241,6 +242,7 @@ app.command()(client_commands.subscribe)
 app.command()(status_command.status)
 app.command()(analyze_command.analyze)
 app.command()(certs.certs)
+app.command()(chaos.chaos)
 auth_app = typer.Typer(help="Tokens and policy files for authentication (docs/security.md).", no_args_is_help=True)
 auth_app.command("token")(auth_command.auth_token)
 auth_app.command("check")(auth_command.auth_check)

@@ -1,0 +1,90 @@
+"""``sokutatsu chaos``: fault schedules against the broker pair, checked (docs/chaos.md)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sokutatsu.cli.bench_common import machine, settle_collector
+from sokutatsu.cli.chaos_report import COLUMNS, html_report, row, write_json
+from sokutatsu.cli.chaos_run import ChaosConfig, peer_link_supported, random_seeds, run_many
+
+console = Console(highlight=False, soft_wrap=True, width=160)
+
+
+def build_report(
+    started: str, cfg: ChaosConfig, seeds: list[int], schedules: list[dict[str, Any]], wall: float
+) -> dict[str, Any]:
+    return {
+        "started": started,
+        "machine": machine(),
+        "parameters": {**cfg.as_dict(), "seeds": seeds, "link_via_proxy": peer_link_supported()},
+        "wall_s": round(wall, 1),
+        "failed": sum(1 for s in schedules if s["violations"]),
+        "schedules": schedules,
+    }
+
+
+def summary_table(schedules: list[dict[str, Any]]) -> Table:
+    table = Table(title="sokutatsu chaos", title_justify="left")
+    for column in (*COLUMNS, "violations"):
+        table.add_column(column)
+    for s in schedules:
+        table.add_row(*row(s), "; ".join(s["violations"]) or "none")
+    return table
+
+
+def chaos(  # noqa: PLR0917 - typer commands take one parameter per option
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="How many schedules (seeds) to run.")] = 3,
+    minutes: Annotated[
+        float, typer.Option("--minutes", min=0.1, help="Length of each schedule's fault phase, in minutes.")
+    ] = 1.0,
+    first_seed: Annotated[
+        int | None, typer.Option("--first-seed", help="Run seeds first-seed, first-seed+1, ... [default: random].")
+    ] = None,
+    seed: Annotated[
+        list[int] | None, typer.Option("--seed", help="Run exactly this seed (repeatable; overrides --seeds).")
+    ] = None,
+    rate: Annotated[float, typer.Option("--rate", min=1, help="Messages per second per publisher.")] = 100.0,
+    out: Annotated[Path, typer.Option("--out", help="Folder for chaos-<UTC time>.json and .html.")] = Path(
+        "bench/results"
+    ),
+    work: Annotated[
+        Path | None,
+        typer.Option(
+            "--work", help="Folder for each schedule's logs and histories [default: .sokutatsu/chaos/<time>]."
+        ),
+    ] = None,
+) -> None:
+    """Run fault schedules (kill -9, pauses, link cuts, floods, migrations) against real processes and
+    check the pair's promise: nothing acknowledged lost or doubled, per-publisher order, one active.
+    Exit status 1 when any schedule broke a promise."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    chosen = list(seed) if seed else random_seeds(seeds, first_seed)
+    cfg = ChaosConfig(seconds=minutes * 60.0, rate=rate)
+    folder = (work or Path(".sokutatsu") / "chaos" / stamp).resolve()
+    console.print(
+        f"sokutatsu chaos: seeds {chosen}, {cfg.seconds:g} s of faults each, {cfg.rate:g} msgs/s per publisher; "
+        f"logs under {folder}"
+    )
+    if not peer_link_supported():
+        console.print("warning: this broker has no SOKUTATSU_BROKER_PEER_LINK: link cuts reach nothing")
+    settle_collector()
+    started = time.monotonic()
+    schedules = run_many(chosen, cfg, folder, console.print)
+    report = build_report(stamp, cfg, chosen, schedules, time.monotonic() - started)
+    json_path = out / f"chaos-{stamp}.json"
+    write_json(json_path, report)
+    json_path.with_suffix(".html").write_text(html_report(report))
+    console.print(summary_table(schedules))
+    for s in schedules:
+        for line in s.get("evidence", [])[-10:]:
+            console.print(f"  seed {s['seed']}: {line}", markup=False)
+    console.print(f"report: {json_path} and {json_path.with_suffix('.html')}")
+    raise typer.Exit(1 if report["failed"] else 0)
