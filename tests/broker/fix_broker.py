@@ -73,6 +73,11 @@ class BrokerProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
 
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> int | None:
         if self.process is None:
             return None
@@ -124,7 +129,8 @@ class Pair:
 
 @pytest.fixture
 def pair_factory(broker_factory: Callable[..., BrokerProcess]) -> Callable[..., Awaitable[Pair]]:
-    """Start a pair with extra settings for both; wait until each hears the other.
+    """Start a pair with extra settings for both; wait until each hears the other and has
+    the other's holdings (``caught_up``: until then a switchover to it is refused).
 
     The standby is told the active's address; the active learns the standby's from its
     first watermark frame (the way a pair on port 0 finds itself).
@@ -138,9 +144,9 @@ def pair_factory(broker_factory: Callable[..., BrokerProcess]) -> Callable[..., 
         pair = Pair(a, b)
 
         async def heard() -> bool:
-            return (await stats(a.address)).peer_up and (await stats(b.address)).peer_up
+            return all(s.peer_up and s.caught_up for s in [await stats(a.address), await stats(b.address)])
 
-        await until(heard, "the brokers of the pair to hear each other")
+        await until(heard, "the brokers of the pair to hear each other and be caught up")
         return pair
 
     return make

@@ -10,13 +10,14 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sokutatsu.broker.catalog import Catalog, TopicSpec, load_catalog, save_catalog
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_name
+from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import SubscriptionSpec
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
@@ -27,9 +28,11 @@ from sokutatsu.core.process_stats import rss_bytes
 log = logging.getLogger(__name__)
 
 MAX_CREDITS = 1_000_000
-ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
-STANDBY = broker_pb2.BROKER_ROLE_STANDBY
 _STATE_NAMES: dict[int, str] = {SERVING: "serving", SHADOW: "shadow", AWAY: "away", LEAVING: "leaving"}
+
+
+async def _never_answers() -> bool:
+    return False
 
 
 class PeerServes(Exception):
@@ -92,15 +95,15 @@ class Broker:
         self.usage = Usage("broker", settings.max_count, settings.max_bytes)
         self.topics: dict[str, Topic] = {}
         self.publishers: dict[str, PublisherState] = {}
-        self.role = broker_pb2.BROKER_ROLE_ACTIVE if settings.role == "active" else broker_pb2.BROKER_ROLE_STANDBY
-        self.epoch = 0
-        # The other broker of the pair (host:port; empty = none known) and when it was last heard.
-        self.peer = settings.peer
-        # A configured peer counts as up for one timeout after start: a broker that just came
-        # back must not take subscribers (and the active role) before the peer had a chance
-        # to reach it.
-        self.peer_heard_at = time.monotonic() if self.peer else -1e18
-        self.peer_timeout = settings.peer_timeout_ms / 1000
+        # Role, epoch and peer, with the pair's invariants (pair_state.py).
+        self.pair = PairState.load(
+            instance=settings.instance,
+            role=settings.role,
+            peer=settings.peer,
+            peer_link=settings.peer_link,
+            peer_timeout=settings.peer_timeout_ms / 1000,
+            state_dir=settings.state_dir,
+        )
         # Called when the peer comes or goes (open publish streams send a fresh ack, so a
         # publisher waiting for the other broker learns it may count this one alone).
         self.peer_listeners: set[Callable[[], None]] = set()
@@ -113,6 +116,8 @@ class Broker:
         # Calls auth refused (the bootstrap's counter; 0 with auth off).
         self.auth_refusals: Callable[[], int] = lambda: 0
         self._rates: dict[int, Rates] = {}
+        # Whether the peer answers as active at its client address (pair.py sets it).
+        self.probe_peer: Callable[[], Awaitable[bool]] = _never_answers
         # Bumped when a durable subscription is created here: the watermark stream then
         # sends the peer the whole list (pair.py), so the pair holds each one on both.
         self.subscriptions_version = 0
@@ -358,7 +363,7 @@ class Broker:
         if queue.attached:
             raise Unavailable(f"{spec.subscriber_id!r} connected to {spec.topic!r} twice at once; retry")
         if queue.state != SERVING:
-            self._claim(queue)
+            await self._claim(queue)
         generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
         self.subscriber_streams += 1
         return queue, generation
@@ -366,16 +371,27 @@ class Broker:
     def _peer_holds_it(self) -> bool:
         return self.role == STANDBY and bool(self.peer) and self.peer_up
 
-    def _claim(self, queue: SubscriptionQueue) -> None:
+    async def _claim(self, queue: SubscriptionQueue) -> None:
         """A subscriber came for a queue the peer serves: send it there, or serve it when the
-        peer is down (a standby then becomes active, for every subscriber)."""
+        peer is down (a standby then becomes active, for every subscriber).
+
+        The pair's own stream may be cut while the peer still serves clients (a separate
+        link between the brokers): before promoting itself, a standby asks the peer's role at
+        its client address, and redirects the subscriber when the peer answers as active.
+        """
         spec = queue.spec
+        why = f"served by the peer ({_STATE_NAMES[queue.state]} here)"
         if self.peer and self.peer_up:
-            why = f"served by the peer ({_STATE_NAMES[queue.state]} here)"
             raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
         if self.role == STANDBY:
-            self._change_role(ACTIVE, self.epoch + 1, f"{spec.subscriber_id} came while the peer is not heard from")
+            if self.peer and await self.probe_peer():
+                raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why + "; the pair's link is down"))
+            if self.role == STANDBY:  # the probe awaited: a frame or the monitor may have decided meanwhile
+                self.pair.promote_alone(f"{spec.subscriber_id} came while the peer is not heard from")
+                self._roles_changed()
         if queue.state != SERVING:
+            if self.role != ACTIVE:
+                raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
             self.take_over(queue, "the peer is not heard from")
 
     def detach(self, queue: SubscriptionQueue) -> None:
@@ -515,9 +531,21 @@ class Broker:
 
     # ----------------------------------------------------------------- pair --
     @property
+    def role(self) -> Role:
+        return self.pair.role
+
+    @property
+    def epoch(self) -> int:
+        return self.pair.epoch
+
+    @property
+    def peer(self) -> str:
+        return self.pair.peer
+
+    @property
     def peer_up(self) -> bool:
         """Whether the peer sent a watermark frame within the peer timeout."""
-        return time.monotonic() - self.peer_heard_at < self.peer_timeout
+        return self.pair.peer_up
 
     def _last_seqs(self) -> dict[str, int]:
         return {publisher: p.last_seq for publisher, p in self.publishers.items()}
@@ -543,19 +571,19 @@ class Broker:
         state.rejecting = False
         for topic in self.topics.values():
             for queue in topic.queue_list:
-                if queue.floor.get(publisher_id, 0) < jump:
-                    queue.floor[publisher_id] = jump
+                queue.may_lack(publisher_id, jump)
                 if queue.last_enqueued.get(publisher_id, 0) < jump:
                     queue.last_enqueued[publisher_id] = jump
 
-    def take_over(self, queue: SubscriptionQueue, why: str) -> None:
+    def take_over(self, queue: SubscriptionQueue, why: str, *, reindex: bool = True) -> None:
         """Serve a queue the peer served (the peer is down, or this broker was promoted)."""
         log.warning(
             "now serving %s on %s (%s): %s", queue.spec.subscriber_id, queue.spec.topic, _STATE_NAMES[queue.state], why
         )
         queue.state = SERVING
         queue.redirect = None
-        self._topic(queue.spec.topic).reindex()
+        if reindex:
+            self._topic(queue.spec.topic).reindex()
 
     def _serving(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
         queue = self.queue(topic, subscriber_id)
@@ -571,10 +599,20 @@ class Broker:
         return self._serving(topic, subscriber_id)
 
     async def accept(self, sub: broker_pb2.Subscription, position: dict[str, int]) -> tuple[SubscriptionQueue, int]:
-        """Switchover step 2: serve the subscriber from here, dropping what precedes ``position``."""
+        """Switchover step 2: serve the subscriber from here, dropping what precedes ``position``.
+
+        Refused while the peer is up and its holdings for the current session have not arrived
+        (pair_state.py, invariant 4): until then the floor could miss publishers this broker has
+        not heard from since it came back.
+        """
         spec = self.subscription_spec(sub)
         if not spec.durable:
             raise InvalidArgument("only durable subscriptions move between brokers (Subscription.durable)")
+        if self.peer_up and not self.pair.synced:
+            raise Unavailable(
+                f"{self.settings.instance} has not yet received what its peer holds since it last heard it "
+                "(it came back or the pair's link was down); retry in a moment"
+            )
         topic = await self._topic_or_create(spec.topic)
         queue = topic.queues.get(spec.subscriber_id)
         if queue is None:
@@ -627,8 +665,7 @@ class Broker:
         if self.role == ACTIVE:
             cleared = queue.empty_out()
             for publisher, seq in queue.last_enqueued.items():
-                if seq > queue.floor.get(publisher, 0):
-                    queue.floor[publisher] = seq
+                queue.may_lack(publisher, seq)
             queue.state = AWAY
         else:
             queue.state = SHADOW
@@ -636,45 +673,34 @@ class Broker:
         self._topic(topic).reindex()
         return cleared
 
-    def set_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, peer: str) -> None:
-        """The monitor's role change, fenced by epoch: promotion serves every queue the peer
-        served; demotion makes served queues shadows and redirects their streams to the peer."""
-        if role not in (ACTIVE, STANDBY):
-            raise InvalidArgument("SetRole.role must be ACTIVE or STANDBY")
-        if epoch < self.epoch or (epoch == self.epoch and role != self.role):
-            raise FailedPrecondition(
-                f"epoch {epoch} is not newer than {self.settings.instance}'s epoch {self.epoch}; "
-                "a newer monitor decision exists"
-            )
-        if peer:
-            self.peer = peer
-        self._change_role(role, epoch, "set by the monitor")
+    def set_role(self, role: Role, epoch: int, peer: str) -> None:
+        """The monitor's role change, fenced by epoch (pair_state.py)."""
+        self.pair.learn_peer(peer, "from the monitor")
+        self.pair.set_by_monitor(role, epoch)
+        self._roles_changed()
 
-    def _change_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, why: str) -> None:
-        self.epoch = epoch
-        if role == self.role:
-            return
-        log.warning(
-            "role %s -> %s (epoch %d): %s",
-            broker_pb2.BrokerRole.Name(self.role),
-            broker_pb2.BrokerRole.Name(role),
-            epoch,
-            why,
-        )
-        self.role = role
+    def _roles_changed(self) -> None:
+        """Bring every durable queue in line with the role: an active serves what the peer served
+        (shadows and leaving copies); a standby keeps shadows and redirects its streams to the peer."""
+        role = self.role
         for topic in self.topics.values():
+            changed = False
             for queue in topic.queue_list:
                 if not queue.spec.durable:
                     continue
                 if role == ACTIVE and queue.state in (SHADOW, LEAVING):
-                    self.take_over(queue, "promoted to active")
+                    self.take_over(queue, "promoted to active", reindex=False)
+                    changed = True
                 elif role == STANDBY and queue.state == SERVING:
                     queue.state = SHADOW
+                    changed = True
                     if queue.attached and self.peer:
                         queue.redirect_stream(broker_pb2.Redirect(target=self.peer, reason="broker demoted"))
                 elif role == STANDBY and queue.state == AWAY:
                     queue.state = SHADOW
-            topic.reindex()
+                    changed = True
+            if changed:
+                topic.reindex()
 
     def watermarks(self, everything: bool = False) -> list[broker_pb2.SubscriberWatermark]:
         """What the subscribers served here acknowledged since the last call (or all of it)."""
@@ -693,24 +719,55 @@ class Broker:
         return out
 
     def apply_watermarks(self, frame: broker_pb2.DeliveredWatermarks) -> None:
-        """The peer's frame: it is up; trim the shadows of the subscribers it serves."""
-        self.peer_heard_at = time.monotonic()
-        if frame.address and not self.peer:
-            self.peer = frame.address
-            log.info("learned the peer's address from its watermarks: %s", frame.address)
-        # Both active (one took over while the other was cut off): the older epoch, then
-        # the higher broker id, steps down; its subscribers are redirected to the peer.
-        if (
-            frame.role == ACTIVE
-            and self.role == ACTIVE
-            and (self.epoch, frame.broker_id) < (frame.epoch, self.settings.instance)
-        ):
-            self._change_role(STANDBY, frame.epoch, f"the peer {frame.broker_id} is active with epoch {frame.epoch}")
+        """The peer's frame: it is up; its holdings (at a new session); trim the shadows of the
+        subscribers it serves; and, when both are active, the older epoch steps down."""
+        self.pair.heard(frame.session, frame.holdings_included)
+        self.pair.learn_peer(frame.address, "from its watermarks")
+        if frame.holdings_included:
+            self._apply_holdings(frame.holdings)
+        if self.pair.step_down_for(frame.broker_id, frame.role, frame.epoch):
+            self._roles_changed()
         for mark in frame.subscribers:
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
             if queue is not None and queue.state in (SHADOW, AWAY):
                 queue.trim(dict(mark.acked.last_seq))
+
+    def holdings(self) -> list[broker_pb2.SubscriberHoldings]:
+        """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4)."""
+        return [
+            broker_pb2.SubscriberHoldings(
+                topic=q.spec.topic,
+                subscriber_id=q.spec.subscriber_id,
+                last_enqueued=broker_pb2.Position(last_seq=q.last_enqueued),
+            )
+            for t in self.topics.values()
+            for q in t.queue_list
+            if q.spec.durable
+        ]
+
+    def _apply_holdings(self, holdings: Sequence[broker_pb2.SubscriberHoldings]) -> None:
+        """The peer put these numbers in its queues; a queue here that has less may lack them."""
+        raised = 0
+        for held in holdings:
+            topic = self.topics.get(held.topic)
+            queue = topic.queues.get(held.subscriber_id) if topic else None
+            if queue is None:
+                continue
+            for publisher, seq in held.last_enqueued.last_seq.items():
+                if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
+                    raised += 1
+        if raised:
+            log.info("the peer's holdings: %d publisher floor(s) raised (messages this broker may lack)", raised)
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether this broker holds every message its durable subscribers have not acknowledged."""
+        return (not self.peer or self.pair.synced) and self.queues_behind == 0
+
+    @property
+    def queues_behind(self) -> int:
+        return sum(1 for t in self.topics.values() for q in t.queue_list if q.spec.durable and q.behind)
 
     # ---------------------------------------------------------------- stats --
     def tick_rates(self) -> None:
@@ -753,6 +810,8 @@ class Broker:
             peer_up=self.peer_up,
             epoch=self.epoch,
             auth_refusals=self.auth_refusals(),
+            caught_up=self.caught_up,
+            queues_behind=self.queues_behind,
         )
         for topic in self.topics.values():
             for queue in topic.queue_list:

@@ -8,22 +8,25 @@ how each broker knows its peer is up: no frame for ``PEER_TIMEOUT_MS`` and the
 peer counts as down (publishes are acknowledged alone, with ``single_copy``;
 the peer's subscribers are served here when they come). The first frame of a
 stream, and the next one after a durable subscription is created, also list
-the sender's durable subscriptions; the receiver creates those it lacks.
+the sender's durable subscriptions; the receiver creates those it lacks. The
+first frame of each of the sender's peer sessions carries its holdings
+(pair_state.py, invariant 4).
 
 At start, a broker with a peer asks the peer's role: when the peer is already
-active (it took over while this one was away), this one rejoins as standby.
+active (it took over while this one was away), this one rejoins as standby
+(a restarted broker starts as standby anyway: pair_state.py, invariant 2).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 
 from grpc import aio
 
-from sokutatsu.broker.broker import ACTIVE, STANDBY, Broker
+from sokutatsu.broker.broker import Broker
+from sokutatsu.broker.pair_state import ACTIVE
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
@@ -34,26 +37,43 @@ KEEPALIVE_SECONDS = 0.1
 RETRY_SECONDS = (0.05, 0.5)
 PROBE_TIMEOUT_SECONDS = 1.0
 PEER_CHECK_SECONDS = 0.05
+# How long a standby that does not hear its peer waits for the peer's answer at its client
+# address before it serves a subscriber itself (Broker._claim).
+CLAIM_PROBE_SECONDS = 0.3
 
 
 async def join(broker: Broker) -> None:
     """Before serving: rejoin as standby when the peer is already active."""
     if not broker.peer:
         return
+    info = await _peer_role(broker, PROBE_TIMEOUT_SECONDS)
+    if info is None:
+        return
+    broker.pair.heard_by_probe()
+    if info.role == ACTIVE:
+        broker.pair.rejoin(info.broker_id, info.epoch)
+
+
+async def _peer_role(broker: Broker, seconds: float) -> broker_pb2.RoleInfo | None:
+    """The peer's answer to GetRole at its client address, or None."""
     try:
         async with open_channel(broker.peer) as channel:
-            info = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
-                broker_pb2.GetRoleRequest(), timeout=PROBE_TIMEOUT_SECONDS
+            return await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
+                broker_pb2.GetRoleRequest(), timeout=seconds
             )
     except aio.AioRpcError as exc:
-        log.info("peer %s did not answer (%s); starting as %s", broker.peer, exc.code().name, broker.settings.role)
-        return
-    broker.peer_heard_at = time.monotonic()
-    if info.role == ACTIVE:
-        if broker.role != STANDBY:
-            log.warning("peer %s (%s) is active; rejoining as standby", broker.peer, info.broker_id)
-        broker.role = STANDBY
-        broker.epoch = max(broker.epoch, info.epoch)
+        log.info("peer %s did not answer GetRole (%s)", broker.peer, exc.code().name)
+        return None
+
+
+def install_probe(broker: Broker) -> None:
+    """Let the broker ask, before it serves a subscriber alone, whether the peer still answers as active."""
+
+    async def probe() -> bool:
+        info = await _peer_role(broker, CLAIM_PROBE_SECONDS)
+        return info is not None and info.role == ACTIVE
+
+    broker.probe_peer = probe
 
 
 async def watch_peer(broker: Broker) -> None:
@@ -75,7 +95,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
     delay = RETRY_SECONDS[0]
     while True:
         stop_if_cancelled()
-        peer = broker.peer
+        peer = broker.pair.link_address
         if not peer or not own_address():
             await asyncio.sleep(KEEPALIVE_SECONDS)
             continue
@@ -87,7 +107,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
             log.debug("watermark stream to %s: %s", peer, exc.code().name)
         except Exception:
             log.exception("watermark stream to %s failed", peer)
-        if broker.peer != peer:
+        if broker.pair.link_address != peer:
             delay = RETRY_SECONDS[0]
             continue
         await asyncio.sleep(delay)
@@ -102,10 +122,15 @@ async def _frames(
     marks = broker.watermarks(everything=True)
     last_sent = 0.0
     subscriptions_sent = -1
-    while broker.peer == peer:
+    # The session whose holdings went out on this stream (-1: none yet; a new stream sends them).
+    holdings_sent = -1
+    while broker.pair.link_address == peer:
         now = loop.time()
         version = broker.subscriptions_version
-        if marks or now - last_sent >= KEEPALIVE_SECONDS or version != subscriptions_sent:
+        session = broker.pair.session
+        if marks or now - last_sent >= KEEPALIVE_SECONDS or version != subscriptions_sent or session != holdings_sent:
+            # Holdings are taken here, after the session opened (pair_state.py, invariant 4).
+            holdings = session != holdings_sent
             yield broker_pb2.DeliveredWatermarks(
                 broker_id=broker.settings.instance,
                 subscribers=marks,
@@ -113,9 +138,13 @@ async def _frames(
                 role=broker.role,
                 epoch=broker.epoch,
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
+                session=session,
+                holdings_included=holdings,
+                holdings=broker.holdings() if holdings else (),
             )
             last_sent = now
             subscriptions_sent = version
+            holdings_sent = session
         await asyncio.sleep(interval)
         marks = broker.watermarks()
 

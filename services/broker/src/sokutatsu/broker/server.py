@@ -11,7 +11,7 @@ from grpc import aio
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.limits import Limits
-from sokutatsu.broker.pair import join, stream_watermarks, watch_peer
+from sokutatsu.broker.pair import install_probe, join, stream_watermarks, watch_peer
 from sokutatsu.broker.service import SERVICE, Admin, Control, DataPlane
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2_grpc
@@ -38,6 +38,7 @@ def build(settings: BrokerSettings) -> Register:
         broker = Broker(settings, disk)
         broker.auth_refusals = context.auth_refusals
         await join(broker)
+        install_probe(broker)
         await broker.open()
         context.stack.push_async_callback(broker.close)
 

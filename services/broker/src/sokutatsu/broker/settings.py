@@ -138,6 +138,14 @@ class BrokerSettings(ServiceSettings):
         "subscribers' acknowledgements to it and acknowledges publishes alone only while it is not heard from.",
         parse_peer,
     )
+    peer_link: str = setting(
+        "PEER_LINK",
+        "",
+        "host:port this broker uses for the pair's own stream to its peer (watermarks and heartbeats), when it "
+        "differs from PEER (a separate network between the brokers, or a proxy); empty = PEER. Clients are "
+        "always redirected to PEER.",
+        parse_peer,
+    )
     peer_timeout_ms: float = setting(
         "PEER_TIMEOUT_MS",
         1000.0,

@@ -107,6 +107,10 @@ class SubscriptionQueue:
         # Per publisher: this copy holds every matching message after this number (it may lack
         # earlier ones: it was created, or its broker joined, later). See AcceptSubscriber.
         self.floor: dict[str, int] = dict(floor or {})
+        # Per publisher: this copy may lack messages up to this number that the subscriber has not
+        # acknowledged (a hole left while its broker was away, or an away copy trimmed to its tail);
+        # an entry goes once `acked` reaches it. Empty: this copy holds all the subscriber still needs.
+        self.lacks: dict[str, int] = {}
         # Per publisher, the last number the subscriber acknowledged (or had when it connected).
         self.acked: dict[str, int] = {}
         # Set when `acked` moved since the last watermark frame was sent to the peer.
@@ -204,8 +208,7 @@ class SubscriptionQueue:
             to_disk = False
             while self.memory_bytes > self.away_tail and self.memory:
                 oldest = self.memory.popleft()
-                if oldest.seq > self.floor.get(oldest.publisher_id, 0):
-                    self.floor[oldest.publisher_id] = oldest.seq
+                self.may_lack(oldest.publisher_id, oldest.seq)
                 self._release([oldest])
         elif self.disk_mode:
             if self.disk_limit and self.disk_bytes + self.memory_bytes > self.spec.budget + self.disk_limit:
@@ -498,6 +501,27 @@ class SubscriptionQueue:
                 self.acked_dirty = True
 
     # -------------------------------------------------------------- shadow --
+    def may_lack(self, publisher: str, seq: int) -> bool:
+        """This copy may not hold ``publisher``'s messages up to ``seq``: raise the floor (a
+        switchover here waits until the subscriber is past it) and, when the subscriber has not
+        acknowledged that far, count it as behind. True when the floor rose."""
+        raised = seq > self.floor.get(publisher, 0)
+        if raised:
+            self.floor[publisher] = seq
+        if seq > self.acked.get(publisher, 0) and seq > self.lacks.get(publisher, 0):
+            self.lacks[publisher] = seq
+        return raised
+
+    @property
+    def behind(self) -> bool:
+        """Whether this copy may lack a message its subscriber has not acknowledged."""
+        lacks = self.lacks
+        if lacks:
+            acked = self.acked
+            for publisher in [p for p, seq in lacks.items() if seq <= acked.get(p, 0)]:
+                del lacks[publisher]
+        return bool(lacks)
+
     def trim(self, position: dict[str, int]) -> int:
         """Drop what the subscriber has acknowledged at the peer (a shadow copy); return how many.
 

@@ -1,0 +1,242 @@
+"""This broker's place in the pair: role, epoch, peer, and what it may do alone.
+
+Every change of role, epoch or peer goes through :class:`PairState`; the invariants
+below are enforced here and nowhere else.
+
+1. **Epochs only grow and stay within their type.** A role change carries an epoch at
+   least the current one; an epoch above :data:`MAX_EPOCH` (2^62, far below uint64's
+   end, so ``epoch + 1`` always encodes) is refused (``SetRole``) or ignored (a peer's
+   frame): no caller can exhaust the pair's epochs.
+2. **A restarted broker comes back as standby.** Once a broker has known a peer, it
+   records the peer and its epoch in ``<STATE_DIR>/pair.json``; a start that finds the
+   file is a restart and begins as ``STANDBY`` at the recorded epoch, whatever
+   ``SOKUTATSU_BROKER_ROLE`` says. Only the monitor (``SetRole``) or a subscriber that
+   finds the peer gone makes it active again, with a newer epoch. So a broker killed
+   while active never answers ``ACTIVE`` at an old epoch beside its promoted peer.
+3. **Never acknowledge alone while the peer is heard.** A publish acknowledgement says
+   ``single_copy`` exactly while no frame came from the peer for ``PEER_TIMEOUT_MS``
+   (:attr:`PairState.peer_up`).
+4. **Take a subscriber over only with the peer's holdings.** Each time a broker starts
+   hearing its peer (again), it opens a new *session* and sends the peer, in its next
+   frame, its *holdings*: per durable queue, the last number of each publisher it put
+   there. They are taken after it heard the peer, so they cover everything it
+   acknowledged alone. The receiver raises its queues' floors to them (it may lack
+   those messages: it was away) and is :attr:`synced` only while it holds the holdings
+   of the peer's current session. ``AcceptSubscriber`` is refused until then, and its
+   floor then says from where this broker holds the subscriber's messages, including
+   publishers it has not heard from since it came back.
+
+The queue side of ownership (which broker serves a subscriber, and from where) is in
+``subscription_queue.py``; the broker (``broker.py``) applies both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeAlias
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+ACTIVE = broker_pb2.BROKER_ROLE_ACTIVE
+STANDBY = broker_pb2.BROKER_ROLE_STANDBY
+Role: TypeAlias = broker_pb2.BrokerRole.ValueType
+# The highest epoch a broker takes (see invariant 1).
+MAX_EPOCH = 2**62
+PAIR_FILE = "pair.json"
+
+
+def role_name(role: Role) -> str:
+    return broker_pb2.BrokerRole.Name(role).removeprefix("BROKER_ROLE_").lower()
+
+
+@dataclass
+class PairState:
+    instance: str
+    role: Role
+    epoch: int
+    # The peer's address for clients (redirects) and for the pair's own stream (default: the same).
+    peer: str
+    peer_link: str
+    # Whether the peer address was configured (a configured one is never replaced by a learned one).
+    peer_configured: bool
+    peer_timeout: float
+    # Monotonic time of the last frame from the peer.
+    heard_at: float
+    # Sessions (invariant 4): this broker's count of times it started hearing the peer, the
+    # peer's count from its last frame, and the peer session whose holdings arrived here.
+    session: int = 0
+    peer_session: int = 0
+    holdings_session: int = -1
+    path: Path | None = None
+
+    @classmethod
+    def load(
+        cls, *, instance: str, role: str, peer: str, peer_link: str, peer_timeout: float, state_dir: Path
+    ) -> PairState:
+        """The state at start: as configured, or, on a restart (``pair.json``), standby at the recorded epoch."""
+        path = state_dir / PAIR_FILE
+        recorded = _read(path)
+        start_role = ACTIVE if role == "active" else STANDBY
+        epoch = 0
+        learned = ""
+        if recorded is not None:
+            recorded_epoch = recorded.get("epoch", 0)
+            epoch = min(recorded_epoch if isinstance(recorded_epoch, int) else 0, MAX_EPOCH)
+            learned = str(recorded.get("peer", ""))
+            if learned or peer:
+                if start_role == ACTIVE:
+                    log.warning(
+                        "%s was in a pair before (%s): restarting as standby at epoch %d; the monitor or a "
+                        "subscriber that finds the peer gone makes it active again",
+                        instance,
+                        path,
+                        epoch,
+                    )
+                start_role = STANDBY
+        state = cls(
+            instance=instance,
+            role=start_role,
+            epoch=epoch,
+            peer=peer or learned,
+            peer_link=peer_link,
+            peer_configured=bool(peer),
+            peer_timeout=peer_timeout,
+            # A known peer counts as up for one timeout after start: a broker that just came
+            # back must not take subscribers (or the active role) before the peer could reach it.
+            heard_at=time.monotonic() if (peer or learned) else -1e18,
+            path=path,
+        )
+        if state.peer:
+            state.save()
+        return state
+
+    # ------------------------------------------------------------------ peer --
+    @property
+    def peer_up(self) -> bool:
+        """Whether the peer sent a frame within the peer timeout (invariant 3)."""
+        return time.monotonic() - self.heard_at < self.peer_timeout
+
+    @property
+    def link_address(self) -> str:
+        """Where the pair's own stream goes (``PEER_LINK``, else the peer's address)."""
+        return self.peer_link or self.peer
+
+    @property
+    def synced(self) -> bool:
+        """Whether this broker has the peer's holdings of its current session (invariant 4)."""
+        return self.peer_up and self.peer_session > 0 and self.holdings_session == self.peer_session
+
+    def learn_peer(self, address: str, why: str) -> None:
+        """A peer address from a frame or the monitor; a configured one is kept."""
+        if not address or address == self.peer or self.peer_configured:
+            return
+        log.info("the peer's address is %s (%s)", address, why)
+        self.peer = address
+        self.save()
+
+    def heard(self, peer_session: int, holdings_included: bool) -> bool:
+        """A frame from the peer arrived; True when it opens a new session of this broker's.
+
+        Call before applying the frame's holdings.
+        """
+        new_session = not self.peer_up or self.session == 0
+        self.heard_at = time.monotonic()
+        if new_session:
+            self.session += 1
+        if peer_session != self.peer_session:
+            self.peer_session = peer_session
+        if holdings_included:
+            self.holdings_session = peer_session
+        return new_session
+
+    def heard_by_probe(self) -> None:
+        """The peer answered ``GetRole`` (at start): it is up, though no session is open yet."""
+        self.heard_at = time.monotonic()
+
+    # ----------------------------------------------------------------- roles --
+    @staticmethod
+    def check_epoch(epoch: int, what: str) -> None:
+        if epoch > MAX_EPOCH:
+            raise InvalidArgument(f"{what}: epoch {epoch} is over the highest a broker takes ({MAX_EPOCH})")
+
+    def set_by_monitor(self, role: Role, epoch: int) -> bool:
+        """``SetRole``, fenced by epoch (invariant 1); True when the role changed."""
+        if role not in (ACTIVE, STANDBY):
+            raise InvalidArgument("SetRole.role must be ACTIVE or STANDBY")
+        self.check_epoch(epoch, "SetRole")
+        if epoch < self.epoch or (epoch == self.epoch and role != self.role):
+            raise FailedPrecondition(
+                f"epoch {epoch} is not newer than {self.instance}'s epoch {self.epoch}; a newer monitor decision exists"
+            )
+        return self.change(role, epoch, "set by the monitor")
+
+    def promote_alone(self, why: str) -> bool:
+        """Become active at the next epoch (the peer is gone); True when the role changed."""
+        if self.role == ACTIVE:
+            return False
+        if self.epoch >= MAX_EPOCH:
+            log.error(
+                "%s cannot become active: its epoch %d is at the highest a broker takes", self.instance, self.epoch
+            )
+            return False
+        return self.change(ACTIVE, self.epoch + 1, why)
+
+    def step_down_for(self, peer_id: str, peer_role: Role, peer_epoch: int) -> bool:
+        """Both active: the older epoch, then the higher broker id, steps down; True when this one did."""
+        if peer_epoch > MAX_EPOCH:
+            log.warning("ignoring the peer %s's epoch %d: over the highest a broker takes", peer_id, peer_epoch)
+            return False
+        if peer_role != ACTIVE or self.role != ACTIVE or (self.epoch, peer_id) >= (peer_epoch, self.instance):
+            return False
+        return self.change(STANDBY, peer_epoch, f"the peer {peer_id} is active with epoch {peer_epoch}")
+
+    def rejoin(self, peer_id: str, peer_epoch: int) -> None:
+        """At start, the peer answered as active: this one is standby, at least at the peer's epoch."""
+        if self.role != STANDBY:
+            log.warning("peer %s (%s) is active; rejoining as standby", self.peer, peer_id)
+        self.change(STANDBY, max(self.epoch, min(peer_epoch, MAX_EPOCH)), "the peer is active")
+
+    def change(self, role: Role, epoch: int, why: str) -> bool:
+        """Apply a role and epoch (never an older epoch); record them; True when the role changed."""
+        if epoch < self.epoch:  # pragma: no cover - every caller checks; kept as the invariant's guard
+            raise FailedPrecondition(f"epoch {epoch} is older than {self.instance}'s epoch {self.epoch}")
+        changed = role != self.role
+        if changed:
+            log.warning("role %s -> %s (epoch %d): %s", role_name(self.role), role_name(role), epoch, why)
+        if changed or epoch != self.epoch:
+            self.role = role
+            self.epoch = epoch
+            self.save()
+        return changed
+
+    # ----------------------------------------------------------- persistence --
+    def save(self) -> None:
+        """Record the peer and epoch (small, rare: on the event loop, atomically and durably)."""
+        if self.path is None or not self.peer:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        with temporary.open("w") as out:
+            json.dump({"peer": self.peer, "epoch": self.epoch}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.path)
+
+
+def _read(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
