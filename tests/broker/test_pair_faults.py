@@ -1,0 +1,155 @@
+"""The pair under combined faults, each a fixed schedule that broke it before (issue #19).
+
+Each test runs real broker processes and SDK clients through one schedule of faults and
+checks the pair's promise: nothing acknowledged is lost, nothing is delivered twice, and
+publishing goes on while one broker is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import grpc
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.pair_state import MAX_EPOCH
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import BufferFull, Publisher
+from tests.broker.fix_broker import Pair, stats, until
+from tests.broker.test_pair import TOPIC, Consumer, _async, _role, consuming, switch
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _publish_from(pub: Publisher, first: int, last: int) -> None:
+    for i in range(first, last + 1):
+        while True:
+            try:
+                pub.publish_nowait(TOPIC, f"K{i % 20:02d}", f"{pub.publisher_id}:{i}".encode())
+                break
+            except BufferFull:
+                await pub.flush()
+    await pub.flush()
+
+
+async def test_a_slow_subscriber_moved_onto_a_rejoined_broker_gets_what_was_acknowledged_while_it_was_away(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Fault 1 of issue #19. A slow durable subscriber far behind; kill -9 of the active; the
+    survivor acknowledges 3,000 messages alone; their publisher stops, so it never reconnects
+    to the broker that comes back; the broker restarts and the subscriber is moved onto it
+    at once (as the monitor did 0.5 s after a rejoin). Before the fix, the rejoined broker did
+    not know that publisher, its floor said it held everything, and the subscriber lost every
+    message after its position up to what was acknowledged while the broker was down (the SDK
+    reported the gap when the publisher later came back). Now the broker takes the subscriber
+    only with its peer's holdings, and the switchover waits until the subscriber is past them.
+    """
+    pair = await pair_factory()
+    total = 3000
+    slow = Consumer(pair, "slow", total + 200)
+    slow.delay = 0.002
+    async with consuming(slow):
+        await asyncio.wait_for(slow.sub.connected.wait(), 10)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, 100)
+            pair.active.kill9()
+            await _publish_from(pub, 101, total)
+        await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the subscriber to fail over to broker-b")
+        assert len(slow.got) < total - 500, "the schedule needs the subscriber far behind"
+        # broker-a comes back on its address and state (the launcher's layout: no PEER of its own).
+        pair.active.env["SOKUTATSU_BROKER_LISTEN"] = pair.active.address
+        pair.active.start()
+
+        async def hear_each_other() -> bool:
+            return all([(await _role(pair.active.address)).peer_up, (await _role(pair.standby.address)).peer_up])
+
+        await until(hear_each_other, "the brokers to hear each other again")
+        moving = asyncio.create_task(switch(pair.standby, pair.active, "broker-a", "slow"))
+        slow.delay = 0.0
+        await moving
+        await until(lambda: _async(slow.sub.broker_id == "broker-a"), "the subscriber to reach broker-a")
+        # The publisher restarts with its id and goes on after what the pair holds.
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            assert pub.last_seq == total
+            await _publish_from(pub, total + 1, total + 200)
+    slow.check({"feed": total + 200})
+    assert slow.brokers[-1] == "broker-a"
+
+
+async def test_a_restarted_active_comes_back_as_standby_at_its_epoch(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Fault 3 of issue #19. In the launcher's layout only broker-b is given its peer's address.
+    Before the fix, a broker-a killed and restarted answered ACTIVE at epoch 0, beside the
+    promoted broker-b, until broker-b's frames demoted it. Now its first answer is STANDBY at
+    the epoch it had recorded."""
+    pair = await pair_factory()
+    # Promote broker-b the way the monitor does, and let broker-a step down.
+    async with aio.insecure_channel(pair.standby.address) as channel:
+        await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
+            broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=5, peer=pair.active.address),
+            timeout=10,
+        )
+
+    async def demoted() -> bool:
+        return (await _role(pair.active.address)).role == broker_pb2.BROKER_ROLE_STANDBY
+
+    await until(demoted, "broker-a to step down for broker-b's newer epoch")
+    # broker-b dies, the monitor makes broker-a active again; then broker-a dies and comes back.
+    async with aio.insecure_channel(pair.active.address) as channel:
+        await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
+            broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=6), timeout=10
+        )
+    pair.active.kill9()
+    pair.active.env["SOKUTATSU_BROKER_LISTEN"] = pair.active.address
+    pair.active.start()
+    first = await _role(pair.active.address)
+    assert first.role == broker_pb2.BROKER_ROLE_STANDBY
+    assert first.epoch == 6
+    assert first.peer == pair.standby.address
+
+
+async def test_an_epoch_the_pair_cannot_carry_is_refused(pair_factory: Callable[..., Awaitable[Pair]]) -> None:
+    """Fault 5 of issue #19 (the broker's side): SetRole with epoch 2^64-1 was taken, so the
+    monitor's next epoch (+1) could not be encoded. Epochs above 2^62 are refused, naming the limit,
+    and a peer's frame cannot carry one either."""
+    pair = await pair_factory()
+    async with aio.insecure_channel(pair.standby.address) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        with pytest.raises(aio.AioRpcError) as refused:
+            await control.SetRole(
+                broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=2**64 - 1), timeout=10
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert str(MAX_EPOCH) in (refused.value.details() or "")
+        info = await control.SetRole(
+            broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=MAX_EPOCH), timeout=10
+        )
+        assert info.epoch == MAX_EPOCH
+    # broker-a sees broker-b's epoch in its frames; it stays the one active (the standby at the
+    # highest epoch is not active), and still takes a later monitor decision below the limit.
+    assert (await stats(pair.active.address)).role == broker_pb2.BROKER_ROLE_ACTIVE
+
+
+async def test_publishing_goes_on_while_the_standby_is_paused(pair_factory: Callable[..., Awaitable[Pair]]) -> None:
+    """A broker paused (SIGSTOP) keeps its connections open but answers nothing. Before the fix the
+    SDK, seeing that link still connected, waited for its acknowledgement for the whole pause,
+    although the other broker said (single_copy) that it no longer heard its peer. Now it counts
+    the broker that says so, and publishing goes on; nothing is lost when the pause ends."""
+    pair = await pair_factory()
+    desk = Consumer(pair, "desk", 600)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        async with Publisher(pair.addresses, "feed", ack_timeout=120) as pub:
+            await _publish_from(pub, 1, 300)
+            pair.standby.freeze()
+            try:
+                # Stays paused until these are acknowledged: before the fix, never.
+                await _publish_from(pub, 301, 600)
+                survivor = await stats(pair.active.address)
+                assert not survivor.peer_up
+            finally:
+                pair.standby.thaw()
+    desk.check({"feed": 600})
