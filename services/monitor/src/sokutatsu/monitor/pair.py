@@ -130,6 +130,6 @@ def _exhausted(change: RoleChange, members: Sequence[Member], highest_epoch: int
         change.broker_id,
         f"{change.broker_id} should become {role} ({change.why}), but the pair's epoch is exhausted: {source}, "
         f"and a role change needs a higher one, above {MAX_EPOCH} (2^62), the most the monitor proposes; "
-        "no role change until the brokers' epochs are back under it (restart the broker holding it; a "
-        "restarted monitor forgets the epochs it saw)",
+        "no role change until the brokers' epochs are back under it (a broker keeps its epoch across "
+        "restarts, in <STATE_DIR>/pair.json; only SetRole calls by hand get this high: turn auth on)",
     )
