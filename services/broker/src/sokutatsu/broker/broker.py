@@ -580,8 +580,7 @@ class Broker:
         log.warning(
             "now serving %s on %s (%s): %s", queue.spec.subscriber_id, queue.spec.topic, _STATE_NAMES[queue.state], why
         )
-        queue.state = SERVING
-        queue.redirect = None
+        queue.serve()
         if reindex:
             self._topic(queue.spec.topic).reindex()
 
@@ -624,8 +623,7 @@ class Broker:
                 f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings here; "
                 "delete and recreate it on both brokers"
             )
-        queue.state = SERVING
-        queue.redirect = None
+        queue.serve()
         topic.reindex()
         return queue, queue.trim(position)
 
@@ -636,10 +634,7 @@ class Broker:
             raise FailedPrecondition(
                 f"the peer {self.peer or '(unknown)'} is not heard from; {subscriber_id!r} stays here"
             )
-        queue.state = LEAVING
-        connected = queue.attached
-        queue.redirect_stream(redirect)
-        return connected
+        return queue.leave(redirect)
 
     async def release(self, topic: str, subscriber_id: str) -> int:
         """Switchover step 4 (or undoing step 2): stop serving; the active clears its copy,
@@ -661,15 +656,7 @@ class Broker:
             raise FailedPrecondition(
                 f"the peer {self.peer or '(unknown)'} is not heard from; keeping {subscriber_id!r}'s queue here"
             )
-        cleared = 0
-        if self.role == ACTIVE:
-            cleared = queue.empty_out()
-            for publisher, seq in queue.last_enqueued.items():
-                queue.may_lack(publisher, seq)
-            queue.state = AWAY
-        else:
-            queue.state = SHADOW
-        queue.redirect = None
+        cleared = queue.hand_over(keep_tail=self.role == ACTIVE)
         self._topic(topic).reindex()
         return cleared
 
@@ -691,14 +678,8 @@ class Broker:
                 if role == ACTIVE and queue.state in (SHADOW, LEAVING):
                     self.take_over(queue, "promoted to active", reindex=False)
                     changed = True
-                elif role == STANDBY and queue.state == SERVING:
-                    queue.state = SHADOW
-                    changed = True
-                    if queue.attached and self.peer:
-                        queue.redirect_stream(broker_pb2.Redirect(target=self.peer, reason="broker demoted"))
-                elif role == STANDBY and queue.state == AWAY:
-                    queue.state = SHADOW
-                    changed = True
+                elif role == STANDBY:
+                    changed = queue.shadow(self.peer) or changed
             if changed:
                 topic.reindex()
 

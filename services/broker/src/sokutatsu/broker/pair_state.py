@@ -36,7 +36,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
@@ -76,10 +77,19 @@ class PairState:
     peer_session: int = 0
     holdings_session: int = -1
     path: Path | None = None
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @classmethod
     def load(
-        cls, *, instance: str, role: str, peer: str, peer_link: str, peer_timeout: float, state_dir: Path
+        cls,
+        *,
+        instance: str,
+        role: str,
+        peer: str,
+        peer_link: str,
+        peer_timeout: float,
+        state_dir: Path,
+        clock: Callable[[], float] = time.monotonic,
     ) -> PairState:
         """The state at start: as configured, or, on a restart (``pair.json``), standby at the recorded epoch."""
         path = state_dir / PAIR_FILE
@@ -111,8 +121,9 @@ class PairState:
             peer_timeout=peer_timeout,
             # A known peer counts as up for one timeout after start: a broker that just came
             # back must not take subscribers (or the active role) before the peer could reach it.
-            heard_at=time.monotonic() if (peer or learned) else -1e18,
+            heard_at=clock() if (peer or learned) else -1e18,
             path=path,
+            clock=clock,
         )
         if state.peer:
             state.save()
@@ -122,7 +133,7 @@ class PairState:
     @property
     def peer_up(self) -> bool:
         """Whether the peer sent a frame within the peer timeout (invariant 3)."""
-        return time.monotonic() - self.heard_at < self.peer_timeout
+        return self.clock() - self.heard_at < self.peer_timeout
 
     @property
     def link_address(self) -> str:
@@ -148,7 +159,7 @@ class PairState:
         Call before applying the frame's holdings.
         """
         new_session = not self.peer_up or self.session == 0
-        self.heard_at = time.monotonic()
+        self.heard_at = self.clock()
         if new_session:
             self.session += 1
         if peer_session != self.peer_session:
@@ -159,7 +170,7 @@ class PairState:
 
     def heard_by_probe(self) -> None:
         """The peer answered ``GetRole`` (at start): it is up, though no session is open yet."""
-        self.heard_at = time.monotonic()
+        self.heard_at = self.clock()
 
     # ----------------------------------------------------------------- roles --
     @staticmethod

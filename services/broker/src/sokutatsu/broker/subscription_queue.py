@@ -28,6 +28,19 @@ not acknowledged, trimmed by the peer's watermarks: :meth:`trim`), ``AWAY``
 and raising its floor, so a subscriber that caught up can come back at once, and
 one whose standby dies loses nothing if it was within the tail) or ``LEAVING``
 (redirected, waiting for switchover step 4).
+
+Ownership: ``state`` changes only through :meth:`serve`, :meth:`leave`,
+:meth:`hand_over` and :meth:`shadow`; the broker (``broker.py``) picks which
+from its role and the switchover steps. What holds for one copy:
+
+* it is delivered from (a stream may attach) only while ``SERVING``;
+* it leaves ``SERVING``/``LEAVING`` for ``SHADOW`` or ``AWAY`` only with no
+  stream attached or with the attached stream redirected to the peer;
+* it holds every matching message after ``floor``; whatever it may lack past
+  the subscriber's acknowledged position is in ``lacks`` (a hole left while
+  its broker was away, an away copy trimmed to its tail), so the broker can
+  say whether it is caught up, and a switchover onto it waits (its floor)
+  until the subscriber is past what it lacks.
 """
 
 from __future__ import annotations
@@ -499,6 +512,53 @@ class SubscriptionQueue:
             if seq > acked.get(publisher, 0):
                 acked[publisher] = seq
                 self.acked_dirty = True
+
+    # ----------------------------------------------------------- ownership --
+    def serve(self) -> None:
+        """Deliver from this copy (the peer is gone, this broker was promoted, or switchover step 2)."""
+        self.state = SERVING
+        self.redirect = None
+
+    def leave(self, redirect: broker_pb2.Redirect) -> bool:
+        """Switchover step 3: end the stream with ``redirect``; True if one was attached."""
+        if self.state not in (SERVING, LEAVING):  # pragma: no cover - the broker checks first
+            raise ValueError(f"leave() on a {self.state} copy")
+        self.state = LEAVING
+        connected = self.attached
+        self.redirect_stream(redirect)
+        return connected
+
+    def hand_over(self, *, keep_tail: bool) -> int:
+        """Switchover step 4 (no stream attached): the peer serves the subscriber now.
+
+        The active keeps only a tail (``AWAY``, starting empty: everything it held is recorded
+        as what it may lack); the standby keeps a ``SHADOW``. Returns how many were cleared.
+        """
+        if self.attached:  # pragma: no cover - the broker checks first
+            raise ValueError("hand_over() with a stream attached")
+        cleared = 0
+        if keep_tail:
+            cleared = self.empty_out()
+            for publisher, seq in self.last_enqueued.items():
+                self.may_lack(publisher, seq)
+            self.state = AWAY
+        else:
+            self.state = SHADOW
+        self.redirect = None
+        return cleared
+
+    def shadow(self, peer: str) -> bool:
+        """This broker became standby: a copy it served or kept away becomes a shadow, and an
+        attached stream is redirected to ``peer``. True when the state changed."""
+        if self.state == SERVING:
+            self.state = SHADOW
+            if self.attached and peer:
+                self.redirect_stream(broker_pb2.Redirect(target=peer, reason="broker demoted"))
+            return True
+        if self.state == AWAY:
+            self.state = SHADOW
+            return True
+        return False
 
     # -------------------------------------------------------------- shadow --
     def may_lack(self, publisher: str, seq: int) -> bool:

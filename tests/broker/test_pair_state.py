@@ -1,0 +1,157 @@
+"""Hypothesis drives the pair's role state machine (pair_state.py) with any order of monitor
+decisions, peer frames (hostile epochs included), self-promotions, restarts and the passing of
+time; the invariants written at the top of pair_state.py are checked after every step."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sokutatsu.broker.pair_state import ACTIVE, MAX_EPOCH, PAIR_FILE, STANDBY, PairState
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
+
+PEER_TIMEOUT = 1.0
+EPOCHS = st.one_of(
+    st.integers(0, 8), st.integers(0, 2**64 - 1), st.sampled_from([MAX_EPOCH - 1, MAX_EPOCH, MAX_EPOCH + 1])
+)
+ROLES = st.sampled_from([ACTIVE, STANDBY])
+
+
+class PairRoles(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp(prefix="pair-state-"))
+        self.now = 100.0
+        self.configured_role = "active"
+        self.state = self._load()
+        self.epoch_before = self.state.epoch
+        # The peer session whose holdings arrived, and the last peer session seen.
+        self.holdings_for = -1
+        self.peer_session = 0
+        self.last_heard = self.now
+
+    def _load(self) -> PairState:
+        return PairState.load(
+            instance="broker-a",
+            role=self.configured_role,
+            peer="127.0.0.1:7202",
+            peer_link="",
+            peer_timeout=PEER_TIMEOUT,
+            state_dir=self.folder,
+            clock=lambda: self.now,
+        )
+
+    @rule(role=ROLES, epoch=EPOCHS)
+    def monitor_sets_role(self, role: int, epoch: int) -> None:
+        before = (self.state.role, self.state.epoch)
+        try:
+            self.state.set_by_monitor(role, epoch)  # type: ignore[arg-type]
+        except InvalidArgument:
+            assert epoch > MAX_EPOCH
+            assert (self.state.role, self.state.epoch) == before
+        except FailedPrecondition:
+            assert epoch < before[1] or (epoch == before[1] and role != before[0])
+            assert (self.state.role, self.state.epoch) == before
+        else:
+            assert (self.state.role, self.state.epoch) == (role, epoch)
+
+    @rule(role=ROLES, epoch=EPOCHS, peer_id=st.sampled_from(["broker-b", "broker-0"]))
+    def both_active_frame(self, role: int, epoch: int, peer_id: str) -> None:
+        """A peer's frame: when both are active, the older epoch (then the higher id) steps down."""
+        was = (self.state.role, self.state.epoch)
+        stepped = self.state.step_down_for(peer_id, role, epoch)  # type: ignore[arg-type]
+        if stepped:
+            assert was[0] == ACTIVE
+            assert role == ACTIVE
+            assert epoch <= MAX_EPOCH
+            assert (was[1], peer_id) < (epoch, "broker-a")
+            assert self.state.role == STANDBY
+
+    @rule()
+    def promote_alone(self) -> None:
+        was = (self.state.role, self.state.epoch)
+        if self.state.promote_alone("a subscriber came while the peer is not heard from"):
+            assert was[0] == STANDBY
+            assert self.state.epoch == was[1] + 1
+
+    @rule(seconds=st.sampled_from([0.1, 0.5, 0.99, 1.0, 3.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+
+    @rule(new_peer_session=st.booleans(), holdings=st.booleans())
+    def peer_frame(self, new_peer_session: bool, holdings: bool) -> None:
+        """The peer's frame; a new session of the peer's always carries its holdings (pair.py)."""
+        if new_peer_session:
+            self.peer_session += 1
+            holdings = True
+        self.state.heard(self.peer_session, holdings)
+        if holdings:
+            self.holdings_for = self.peer_session
+        self.last_heard = self.now
+
+    @rule(configured=st.sampled_from(["active", "standby"]))
+    def restart(self, configured: str) -> None:
+        """kill -9 and start again on the same state folder (whatever ROLE says)."""
+        epoch = self.state.epoch
+        self.configured_role = configured
+        self.state = self._load()
+        assert self.state.role == STANDBY
+        assert self.state.epoch == epoch
+        assert not self.state.synced
+        self.holdings_for = -1
+        self.peer_session = 0
+        self.epoch_before = epoch
+
+    @precondition(lambda self: self.state.role == ACTIVE and self.state.epoch < MAX_EPOCH)
+    @rule()
+    def frame_from_an_active_peer_at_the_highest_epoch(self) -> None:
+        """The peer is active at the highest epoch: this one steps down and can never promote itself."""
+        self.state.step_down_for("broker-b", ACTIVE, MAX_EPOCH)
+        assert self.state.role == STANDBY
+        assert not self.state.promote_alone("cannot: the epoch is at the highest")
+
+    @invariant()
+    def epochs_only_grow_and_stay_within_their_type(self) -> None:
+        assert self.epoch_before <= self.state.epoch <= MAX_EPOCH
+        self.epoch_before = self.state.epoch
+
+    @invariant()
+    def the_recorded_epoch_is_the_current_one(self) -> None:
+        recorded = (self.folder / PAIR_FILE).read_text()
+        assert f'"epoch": {self.state.epoch}' in recorded
+
+    @invariant()
+    def single_copy_exactly_while_the_peer_is_silent(self) -> None:
+        assert self.state.peer_up == (self.now - self.state.heard_at < PEER_TIMEOUT)
+
+    @invariant()
+    def synced_only_with_the_holdings_of_the_peers_current_session(self) -> None:
+        if self.state.synced:
+            assert self.state.peer_up
+            assert self.holdings_for == self.peer_session > 0
+
+
+TestPairRoles = PairRoles.TestCase
+TestPairRoles.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+def test_a_first_start_takes_the_configured_role(tmp_path: Path) -> None:
+    state = PairState.load(
+        instance="broker-a", role="active", peer="", peer_link="", peer_timeout=1.0, state_dir=tmp_path
+    )
+    assert state.role == ACTIVE
+    assert not (tmp_path / PAIR_FILE).exists()
+
+
+def test_an_unreadable_pair_file_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / PAIR_FILE).write_text("{not json")
+    state = PairState.load(
+        instance="broker-a", role="active", peer="", peer_link="", peer_timeout=1.0, state_dir=tmp_path
+    )
+    assert state.role == ACTIVE
+    assert "ignoring" in caplog.text
