@@ -140,6 +140,7 @@ class SubscriberProcess:
         self.sub: Subscriber | None = None
         self.gaps_seen = 0
         self.broker = ""
+        self.connected = False
         self.position: dict[str, int] = {}
         self.consuming: asyncio.Task[None] | None = None
 
@@ -156,6 +157,10 @@ class SubscriberProcess:
         if sub.broker_id and sub.broker_id != self.broker:
             self.broker = sub.broker_id
             self.journal.add({"e": "broker", "t": _now(), "b": sub.broker_id})
+        connected = sub.connected.is_set()
+        if connected != self.connected:  # seen every FLUSH_SECONDS: a shorter flap can be missed
+            self.connected = connected
+            self.journal.add({"e": "connected" if connected else "disconnected", "t": _now(), "b": sub.broker_id})
 
     async def open(self) -> Subscriber:
         mode: Literal["flow-to-disk", "migrate"] | None = self.cfg.get("mode")
@@ -174,7 +179,7 @@ class SubscriberProcess:
         )
         self.journal.add({"e": "open", "t": _now(), "position": self.position})
         await sub.start()
-        self.sub, self.gaps_seen, self.broker = sub, 0, ""
+        self.sub, self.gaps_seen, self.broker, self.connected = sub, 0, "", False
         self.consuming = asyncio.create_task(self.consume(sub))
         return sub
 
