@@ -137,9 +137,10 @@ def pair_factory(broker_factory: Callable[..., BrokerProcess]) -> Callable[..., 
     """
 
     async def make(**settings: str) -> Pair:
-        a = broker_factory(instance="broker-a", role="active", peer_timeout_ms="500", **settings)
+        settings.setdefault("peer_timeout_ms", "500")
+        a = broker_factory(instance="broker-a", role="active", **settings)
         a.start()
-        b = broker_factory(instance="broker-b", role="standby", peer=a.address, peer_timeout_ms="500", **settings)
+        b = broker_factory(instance="broker-b", role="standby", peer=a.address, **settings)
         b.start()
         pair = Pair(a, b)
 

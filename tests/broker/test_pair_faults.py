@@ -16,8 +16,9 @@ from grpc import aio
 
 from sokutatsu.broker.pair_state import MAX_EPOCH
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.cli.chaos_proxy import LinkProxy
 from sokutatsu.client import BufferFull, Publisher
-from tests.broker.fix_broker import Pair, stats, until
+from tests.broker.fix_broker import BrokerProcess, Pair, stats, until
 from tests.broker.test_pair import TOPIC, Consumer, _async, _role, consuming, switch
 
 pytestmark = pytest.mark.timeout(180)
@@ -153,3 +154,102 @@ async def test_publishing_goes_on_while_the_standby_is_paused(pair_factory: Call
             finally:
                 pair.standby.thaw()
     desk.check({"feed": 600})
+
+
+async def test_a_paused_active_steps_down_before_it_answers_again(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Found by `sokutatsu chaos` (seed 2630): the active paused, the standby promoted meanwhile;
+    when the old active ran again it answered ACTIVE at its old epoch until a frame of its peer
+    reached it. Here the peer's frames cannot reach it (its link goes through a cut proxy), so
+    before the fix it answered ACTIVE for as long as the test looked; now, having not run for
+    longer than the peer timeout, it steps down before it answers."""
+    a = broker_factory(instance="broker-a", role="active", peer_timeout_ms="500")
+    a.start()
+    link = LinkProxy(a.address)
+    await link.start()
+    b = broker_factory(instance="broker-b", role="standby", peer=a.address, peer_link=link.address)
+    b.start()
+    try:
+
+        async def heard() -> bool:
+            return (await _role(a.address)).peer_up and (await _role(b.address)).peer_up
+
+        await until(heard, "the brokers to hear each other")
+        a.freeze()
+        link.cut()
+        async with aio.insecure_channel(b.address) as channel:
+            await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
+                broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=5), timeout=10
+            )
+        # Longer than broker-a's peer timeout (0.5 s), as the monitor's failover takes.
+        await asyncio.sleep(1.0)
+        a.thaw()
+        first = await _role(a.address)
+        assert first.role == broker_pb2.BROKER_ROLE_STANDBY
+        assert "did not run for" in await _eventually_logged(a, "did not run for")
+    finally:
+        await link.stop()
+
+
+async def _eventually_logged(broker: BrokerProcess, text: str) -> str:
+    await until(lambda: _async(text in broker.log()), f"{text!r} in the broker's log")
+    return broker.log()
+
+
+async def test_a_migrated_subscriber_is_served_again_when_its_broker_restarts_within_the_peer_timeout(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Found by `sokutatsu chaos` (seed 101, 1,214 messages never delivered): a subscriber moved
+    to the standby; the standby killed and back before the active noticed (within the peer
+    timeout). The restarted standby holds a shadow, the active an away copy: each redirected the
+    subscriber to the other, for ever. Now the restarted broker's holdings say it serves nobody,
+    and the active serves the subscriber again."""
+    pair = await pair_factory(peer_timeout_ms="5000")
+    desk = Consumer(pair, "desk", 600)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        await switch(pair.active, pair.standby, "broker-b", "desk")
+        await until(lambda: _async(desk.sub.broker_id == "broker-b"), "the subscriber to reach broker-b")
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, 300)
+            await until(lambda: _async(len(desk.got) == 300), "the first 300 on broker-b")
+            pair.standby.kill9()
+            pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+            pair.standby.start()
+            await _publish_from(pub, 301, 600)
+    desk.check({"feed": 600})
+    assert desk.brokers[-1] == "broker-a"
+
+
+async def test_a_publisher_reconnecting_while_the_survivor_acknowledges_alone_loses_no_number(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Found by `sokutatsu chaos` (seed 101): publishers failed for good with INVALID_ARGUMENT
+    'seq 2870 follows 2868; sequence numbers must have no gaps'. The SDK opened its stream to
+    the restarted standby from its acknowledged number, the survivor acknowledged more alone
+    before the standby answered, and the SDK then sent from the newer number. Here the restarted
+    standby is paused before it answers PublishOpen while the survivor acknowledges alone."""
+    pair = await pair_factory()
+    desk = Consumer(pair, "desk", 4000)
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, 200)
+            pair.standby.kill9()
+            await _publish_from(pub, 201, 1000)
+            pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+            pair.standby.start()
+            pair.standby.freeze()
+            try:
+                # The SDK's link opens (the kernel accepts for the paused process) and waits for
+                # PublishOpened, while broker-a, no longer hearing broker-b, acknowledges alone.
+                for first in range(1001, 3001, 100):
+                    await _publish_from(pub, first, first + 99)
+                    await asyncio.sleep(0.05)
+            finally:
+                pair.standby.thaw()
+            await _publish_from(pub, 3001, 4000)
+    desk.check({"feed": 4000})
+    rejoined = await stats(pair.standby.address)
+    assert rejoined.published_total > 0

@@ -83,6 +83,16 @@ class PairRoles(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
 
+    @rule()
+    def tick(self) -> None:
+        """The broker runs its checks: an active that did not run for a peer timeout steps down."""
+        was = (self.state.role, self.state.epoch)
+        still = self.now - self.state.ticked_at
+        stepped = self.state.tick()
+        assert stepped == (was[0] == ACTIVE and still > PEER_TIMEOUT)
+        if stepped:
+            assert (self.state.role, self.state.epoch) == (STANDBY, was[1])
+
     @rule(new_peer_session=st.booleans(), holdings=st.booleans())
     def peer_frame(self, new_peer_session: bool, holdings: bool) -> None:
         """The peer's frame; a new session of the peer's always carries its holdings (pair.py)."""

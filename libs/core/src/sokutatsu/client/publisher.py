@@ -97,6 +97,8 @@ class _Link:
     last_error: str = ""
     # Set to cut a reconnect delay short: the other broker said its peer is back.
     reconnect_now: asyncio.Event = field(default_factory=asyncio.Event)
+    # While the stream is being opened: the first number it may need (PublishOpen.first_unacked_seq).
+    opening_from: int = 0
 
 
 _PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
@@ -133,6 +135,9 @@ class Publisher:
         # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
         self.token = token
         self._links = [_Link(a) for a in addresses]
+        # Messages kept for sending, numbers dense from _pending[0]; _pending_start is the first
+        # one not acknowledged. Acknowledged ones stay while a connected or opening link still
+        # has to send them (at most max_pending of them).
         self._pending: list[_Pending] = []
         self._pending_start = 0
         self._next_seq = 1
@@ -320,9 +325,19 @@ class Publisher:
         start = self._pending_start
         while start < len(pending) and pending[start].seq <= acked:
             start += 1
-        if start > 4096 and start * 2 > len(pending):
-            del pending[:start]
-            start = 0
+        # Keep what a connected or opening link has not had acknowledged yet (a broker that came
+        # back is sent everything after the number it holds), but no more than max_pending: a link
+        # further behind is opened again (_send_loop) and its broker records the hole.
+        keep = min(
+            [acked]
+            + [link.acked_through for link in self._links if link.connected]
+            + [link.opening_from - 1 for link in self._links if link.opening_from]
+        )
+        keep = max(keep, acked - self.max_pending)
+        drop = start - (acked - keep)
+        if drop > 4096 and drop * 2 > len(pending):
+            del pending[:drop]
+            start -= drop
         self._pending_start = start
         for seq in [s for s in self._waiters if s <= acked]:
             waiter = self._waiters.pop(seq)
@@ -378,23 +393,35 @@ class Publisher:
             )()
             # Messages up to _acked may be gone from _pending (the survivor acknowledged them
             # alone while this broker was away): it continues after them and marks the hole.
-            await write_frame(
-                call,
-                broker_pb2.PublishRequest(
-                    open=broker_pb2.PublishOpen(publisher_id=self.publisher_id, first_unacked_seq=self._acked + 1)
-                ),
-            )
-            first = await call.read()
-            if first is aio.EOF or not isinstance(first, broker_pb2.PublishResponse) or not first.HasField("opened"):
-                await raise_status(call)
-                raise StreamEnded
-            last = first.opened.last_seq
-            link.max_batch = first.opened.max_batch_messages
-            link.last_error = ""
-            link.broker_last_seq = last
-            link.acked_through = max(link.acked_through, last, self._acked)
-            link.sent_through = link.acked_through
-            link.connected = True
+            # Those acknowledged from here on stay in _pending until this link is open.
+            first_unacked = self._acked + 1
+            link.opening_from = first_unacked
+            try:
+                await write_frame(
+                    call,
+                    broker_pb2.PublishRequest(
+                        open=broker_pb2.PublishOpen(publisher_id=self.publisher_id, first_unacked_seq=first_unacked)
+                    ),
+                )
+                first = await call.read()
+                if (
+                    first is aio.EOF
+                    or not isinstance(first, broker_pb2.PublishResponse)
+                    or not first.HasField("opened")
+                ):
+                    await raise_status(call)
+                    raise StreamEnded
+                last = first.opened.last_seq
+                link.max_batch = first.opened.max_batch_messages
+                link.last_error = ""
+                link.broker_last_seq = last
+                # The broker's number is what it holds (at least first_unacked - 1: it records the
+                # hole below that); everything after it is sent again, in order.
+                link.acked_through = last
+                link.sent_through = last
+                link.connected = True
+            finally:
+                link.opening_from = 0
             link.opened.set()
             backoff.reset()
             self._advance()
@@ -403,11 +430,17 @@ class Publisher:
                 group.create_task(self._receive_loop(link, call))
 
     def _unsent_index(self, link: _Link) -> int:
-        """Index in ``_pending`` of the first message not yet sent on ``link`` (may be past the end)."""
+        """Index in ``_pending`` of the first message not yet sent on ``link`` (may be past the end).
+
+        Raises :class:`StreamEnded` when that message is no longer kept (the link fell more than
+        ``max_pending`` behind): the stream is opened again and continues after what is acknowledged.
+        """
         pending = self._pending
-        start = self._pending_start
-        first_seq = pending[start].seq if start < len(pending) else self._next_seq
-        return start + (link.sent_through + 1 - first_seq)
+        first_seq = pending[0].seq if pending else self._next_seq
+        index = link.sent_through + 1 - first_seq
+        if index < 0:
+            raise StreamEnded
+        return index
 
     async def _send_loop(self, link: _Link, call: _PublishCall) -> None:
         loop = asyncio.get_running_loop()

@@ -326,6 +326,7 @@ class Broker:
         A subscriber that connects while its previous stream is still attached (a reconnect
         that overtook the old stream's end) takes over: the old stream is ended first.
         """
+        self.check_running()
         spec = self.subscription_spec(open_frame.subscription)
         if open_frame.credits < 1:
             raise InvalidArgument("SubscribeOpen.credits must be at least 1 (the SDK default is 1000)")
@@ -534,6 +535,12 @@ class Broker:
     def role(self) -> Role:
         return self.pair.role
 
+    def check_running(self) -> None:
+        """Before answering as active: step down if this broker did not run for a peer timeout
+        (pair_state.py, invariant 5)."""
+        if self.pair.tick():
+            self._roles_changed()
+
     @property
     def epoch(self) -> int:
         return self.pair.epoch
@@ -721,6 +728,7 @@ class Broker:
                 topic=q.spec.topic,
                 subscriber_id=q.spec.subscriber_id,
                 last_enqueued=broker_pb2.Position(last_seq=q.last_enqueued),
+                serves=q.state in (SERVING, LEAVING),
             )
             for t in self.topics.values()
             for q in t.queue_list
@@ -728,7 +736,11 @@ class Broker:
         ]
 
     def _apply_holdings(self, holdings: Sequence[broker_pb2.SubscriberHoldings]) -> None:
-        """The peer put these numbers in its queues; a queue here that has less may lack them."""
+        """The peer put these numbers in its queues; a queue here that has less may lack them.
+
+        A subscriber the peer served (away here) that the peer no longer serves (it restarted) is
+        served here again by the active: otherwise each broker would redirect it to the other.
+        """
         raised = 0
         for held in holdings:
             topic = self.topics.get(held.topic)
@@ -738,6 +750,8 @@ class Broker:
             for publisher, seq in held.last_enqueued.last_seq.items():
                 if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
                     raised += 1
+            if queue.state == AWAY and not held.serves and self.role == ACTIVE:
+                self.take_over(queue, "the peer no longer serves it (it restarted)")
         if raised:
             log.info("the peer's holdings: %d publisher floor(s) raised (messages this broker may lack)", raised)
 
@@ -772,6 +786,7 @@ class Broker:
             del self._rates[key]
 
     def stats(self) -> broker_pb2.BrokerStats:
+        self.check_running()
         out = broker_pb2.BrokerStats(
             broker_id=self.settings.instance,
             role=self.role,

@@ -81,6 +81,7 @@ async def watch_peer(broker: Broker) -> None:
     was_up = broker.peer_up
     while True:
         await asyncio.sleep(PEER_CHECK_SECONDS)
+        broker.check_running()
         up = broker.peer_up
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
@@ -125,6 +126,7 @@ async def _frames(
     # The session whose holdings went out on this stream (-1: none yet; a new stream sends them).
     holdings_sent = -1
     while broker.pair.link_address == peer:
+        broker.check_running()
         now = loop.time()
         version = broker.subscriptions_version
         session = broker.pair.session

@@ -25,6 +25,13 @@ below are enforced here and nowhere else.
    of the peer's current session. ``AcceptSubscriber`` is refused until then, and its
    floor then says from where this broker holds the subscriber's messages, including
    publishers it has not heard from since it came back.
+5. **An active that did not run for a peer timeout steps down.** A broker paused
+   (SIGSTOP) or starved for longer than ``PEER_TIMEOUT_MS`` was, to its peer and the
+   monitor, gone: its peer may have been promoted meanwhile. The first thing it does
+   when it runs again (:meth:`PairState.tick`, before answering a role, statistics or a
+   subscriber) is to step down to standby at its epoch, so it never answers ``ACTIVE``
+   beside a newer active. If the peer was not promoted, the monitor (or a subscriber that
+   finds the peer gone) makes it active again.
 
 The queue side of ownership (which broker serves a subscriber, and from where) is in
 ``subscription_queue.py``; the broker (``broker.py``) applies both.
@@ -78,6 +85,8 @@ class PairState:
     holdings_session: int = -1
     path: Path | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    # When this broker last ran its checks (invariant 5).
+    ticked_at: float = 0.0
 
     @classmethod
     def load(
@@ -124,6 +133,7 @@ class PairState:
             heard_at=clock() if (peer or learned) else -1e18,
             path=path,
             clock=clock,
+            ticked_at=clock(),
         )
         if state.peer:
             state.save()
@@ -171,6 +181,22 @@ class PairState:
     def heard_by_probe(self) -> None:
         """The peer answered ``GetRole`` (at start): it is up, though no session is open yet."""
         self.heard_at = self.clock()
+
+    def tick(self) -> bool:
+        """This broker runs: an active that had not run for a peer timeout steps down
+        (invariant 5). Called every few tens of ms and before answering as active; True when
+        it stepped down."""
+        now = self.clock()
+        still = now - self.ticked_at
+        self.ticked_at = now
+        if still <= self.peer_timeout or self.role != ACTIVE or not self.peer:
+            return False
+        return self.change(
+            STANDBY,
+            self.epoch,
+            f"it did not run for {still:.2f}s (paused or starved), longer than the peer timeout: "
+            "its peer may have been promoted meanwhile",
+        )
 
     # ----------------------------------------------------------------- roles --
     @staticmethod

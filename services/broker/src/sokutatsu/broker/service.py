@@ -359,6 +359,7 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
 
     def _role(self) -> broker_pb2.RoleInfo:
         b = self.broker
+        b.check_running()
         return broker_pb2.RoleInfo(
             broker_id=b.settings.instance, role=b.role, epoch=b.epoch, peer=b.peer, peer_up=b.peer_up
         )

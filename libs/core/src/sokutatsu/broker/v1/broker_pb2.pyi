@@ -1711,8 +1711,15 @@ class SubscriberHoldings(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
     LAST_ENQUEUED_FIELD_NUMBER: _builtins.int
+    SERVES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
+    serves: _builtins.bool
+    """Whether the sender delivers this subscriber (its copy is serving or
+    leaving). An active whose copy is away (the peer served the subscriber)
+    serves it again when the peer says it does not: the peer restarted, and
+    a restarted broker serves nobody until it is given a subscriber.
+    """
     @_builtins.property
     def last_enqueued(self) -> Global___Position:
         """For each publisher, the last number put in the sender's queue."""
@@ -1723,10 +1730,11 @@ class SubscriberHoldings(_message.Message):
         topic: _builtins.str = ...,
         subscriber_id: _builtins.str = ...,
         last_enqueued: Global___Position | None = ...,
+        serves: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued", "serves", b"serves", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
