@@ -83,15 +83,21 @@ class PairRoles(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
 
-    @rule()
-    def tick(self) -> None:
-        """The broker runs its checks: an active that did not run for a peer timeout steps down."""
-        was = (self.state.role, self.state.epoch)
+    @rule(answer=st.one_of(st.none(), st.tuples(ROLES, EPOCHS)))
+    def tick(self, answer: tuple[int, int] | None) -> None:
+        """The broker runs its checks: an active that did not run for a peer timeout is in doubt
+        until its peer answers (or does not); it steps down only for a newer active peer."""
+        was = (self.state.role, self.state.epoch, self.state.in_doubt)
         still = self.now - self.state.ticked_at
-        stepped = self.state.tick()
-        assert stepped == (was[0] == ACTIVE and still > PEER_TIMEOUT)
-        if stepped:
-            assert (self.state.role, self.state.epoch) == (STANDBY, was[1])
+        doubt = self.state.tick()
+        assert doubt == (was[2] or (was[0] == ACTIVE and still > PEER_TIMEOUT))
+        assert (self.state.role, self.state.epoch) == was[:2]
+        if doubt:
+            role, epoch = answer if answer is not None else (None, 0)
+            stepped = self.state.settle_doubt("broker-b", role, epoch)  # type: ignore[arg-type]
+            assert not self.state.in_doubt
+            newer = (was[1], "broker-b") < (epoch, "broker-a")
+            assert stepped == (was[0] == ACTIVE and role == ACTIVE and epoch <= MAX_EPOCH and newer)
 
     @rule(new_peer_session=st.booleans(), holdings=st.booleans())
     def peer_frame(self, new_peer_session: bool, holdings: bool) -> None:

@@ -31,8 +31,8 @@ MAX_CREDITS = 1_000_000
 _STATE_NAMES: dict[int, str] = {SERVING: "serving", SHADOW: "shadow", AWAY: "away", LEAVING: "leaving"}
 
 
-async def _never_answers() -> bool:
-    return False
+async def _no_answer() -> broker_pb2.RoleInfo | None:
+    return None
 
 
 class PeerServes(Exception):
@@ -116,8 +116,9 @@ class Broker:
         # Calls auth refused (the bootstrap's counter; 0 with auth off).
         self.auth_refusals: Callable[[], int] = lambda: 0
         self._rates: dict[int, Rates] = {}
-        # Whether the peer answers as active at its client address (pair.py sets it).
-        self.probe_peer: Callable[[], Awaitable[bool]] = _never_answers
+        # The peer's answer to GetRole at its client address, or None (pair.py sets it).
+        self.peer_role: Callable[[], Awaitable[broker_pb2.RoleInfo | None]] = _no_answer
+        self._doubt: asyncio.Future[None] | None = None
         # Bumped when a durable subscription is created here: the watermark stream then
         # sends the peer the whole list (pair.py), so the pair holds each one on both.
         self.subscriptions_version = 0
@@ -326,7 +327,7 @@ class Broker:
         A subscriber that connects while its previous stream is still attached (a reconnect
         that overtook the old stream's end) takes over: the old stream is ended first.
         """
-        self.check_running()
+        await self.confirm_role()
         spec = self.subscription_spec(open_frame.subscription)
         if open_frame.credits < 1:
             raise InvalidArgument("SubscribeOpen.credits must be at least 1 (the SDK default is 1000)")
@@ -385,7 +386,8 @@ class Broker:
         if self.peer and self.peer_up:
             raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
         if self.role == STANDBY:
-            if self.peer and await self.probe_peer():
+            info = await self.peer_role() if self.peer else None
+            if info is not None and info.role == ACTIVE:
                 raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why + "; the pair's link is down"))
             if self.role == STANDBY:  # the probe awaited: a frame or the monitor may have decided meanwhile
                 self.pair.promote_alone(f"{spec.subscriber_id} came while the peer is not heard from")
@@ -535,11 +537,27 @@ class Broker:
     def role(self) -> Role:
         return self.pair.role
 
-    def check_running(self) -> None:
-        """Before answering as active: step down if this broker did not run for a peer timeout
-        (pair_state.py, invariant 5)."""
-        if self.pair.tick():
-            self._roles_changed()
+    async def confirm_role(self) -> None:
+        """Before acting as active: if this broker did not run for a peer timeout, ask the peer
+        and step down when it was promoted meanwhile (pair_state.py, invariant 5). Concurrent
+        callers wait for the same question."""
+        if not self.pair.tick():
+            return
+        if self._doubt is None:
+            self._doubt = asyncio.ensure_future(self._ask_peer())
+        await asyncio.shield(self._doubt)
+
+    async def _ask_peer(self) -> None:
+        try:
+            info = await self.peer_role()
+            if info is None:
+                stepped = self.pair.settle_doubt("", None, 0)
+            else:
+                stepped = self.pair.settle_doubt(info.broker_id, info.role, info.epoch)
+            if stepped:
+                self._roles_changed()
+        finally:
+            self._doubt = None
 
     @property
     def epoch(self) -> int:
@@ -786,7 +804,6 @@ class Broker:
             del self._rates[key]
 
     def stats(self) -> broker_pb2.BrokerStats:
-        self.check_running()
         out = broker_pb2.BrokerStats(
             broker_id=self.settings.instance,
             role=self.role,

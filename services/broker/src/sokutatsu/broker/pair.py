@@ -67,13 +67,12 @@ async def _peer_role(broker: Broker, seconds: float) -> broker_pb2.RoleInfo | No
 
 
 def install_probe(broker: Broker) -> None:
-    """Let the broker ask, before it serves a subscriber alone, whether the peer still answers as active."""
+    """Let the broker ask its peer's role (before it serves a subscriber alone, or after it did not run)."""
 
-    async def probe() -> bool:
-        info = await _peer_role(broker, CLAIM_PROBE_SECONDS)
-        return info is not None and info.role == ACTIVE
+    async def probe() -> broker_pb2.RoleInfo | None:
+        return await _peer_role(broker, CLAIM_PROBE_SECONDS)
 
-    broker.probe_peer = probe
+    broker.peer_role = probe
 
 
 async def watch_peer(broker: Broker) -> None:
@@ -81,7 +80,7 @@ async def watch_peer(broker: Broker) -> None:
     was_up = broker.peer_up
     while True:
         await asyncio.sleep(PEER_CHECK_SECONDS)
-        broker.check_running()
+        await broker.confirm_role()
         up = broker.peer_up
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
@@ -126,7 +125,7 @@ async def _frames(
     # The session whose holdings went out on this stream (-1: none yet; a new stream sends them).
     holdings_sent = -1
     while broker.pair.link_address == peer:
-        broker.check_running()
+        await broker.confirm_role()
         now = loop.time()
         version = broker.subscriptions_version
         session = broker.pair.session

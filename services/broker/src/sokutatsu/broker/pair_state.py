@@ -25,13 +25,13 @@ below are enforced here and nowhere else.
    of the peer's current session. ``AcceptSubscriber`` is refused until then, and its
    floor then says from where this broker holds the subscriber's messages, including
    publishers it has not heard from since it came back.
-5. **An active that did not run for a peer timeout steps down.** A broker paused
-   (SIGSTOP) or starved for longer than ``PEER_TIMEOUT_MS`` was, to its peer and the
-   monitor, gone: its peer may have been promoted meanwhile. The first thing it does
-   when it runs again (:meth:`PairState.tick`, before answering a role, statistics or a
-   subscriber) is to step down to standby at its epoch, so it never answers ``ACTIVE``
-   beside a newer active. If the peer was not promoted, the monitor (or a subscriber that
-   finds the peer gone) makes it active again.
+5. **An active that did not run for a peer timeout checks before it acts.** A broker
+   paused (SIGSTOP) or starved for longer than ``PEER_TIMEOUT_MS`` was, to its peer and
+   the monitor, gone: its peer may have been promoted meanwhile. When it runs again
+   (:meth:`PairState.tick`) it is *in doubt*: before it answers a role or statistics,
+   takes a subscriber or sends a frame, it asks the peer's role (``Broker.confirm_role``)
+   and steps down when the peer answers as active at a newer epoch. So it never answers
+   ``ACTIVE`` beside a newer active, and keeps the role when the peer was not promoted.
 
 The queue side of ownership (which broker serves a subscriber, and from where) is in
 ``subscription_queue.py``; the broker (``broker.py``) applies both.
@@ -85,8 +85,9 @@ class PairState:
     holdings_session: int = -1
     path: Path | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
-    # When this broker last ran its checks (invariant 5).
+    # When this broker last ran its checks, and whether it has since to ask its peer (invariant 5).
     ticked_at: float = 0.0
+    in_doubt: bool = False
 
     @classmethod
     def load(
@@ -183,20 +184,28 @@ class PairState:
         self.heard_at = self.clock()
 
     def tick(self) -> bool:
-        """This broker runs: an active that had not run for a peer timeout steps down
-        (invariant 5). Called every few tens of ms and before answering as active; True when
-        it stepped down."""
+        """This broker runs: an active that had not run for a peer timeout is in doubt until
+        it has asked its peer (invariant 5). Called every few tens of ms and before acting as
+        active; True while in doubt."""
         now = self.clock()
         still = now - self.ticked_at
         self.ticked_at = now
-        if still <= self.peer_timeout or self.role != ACTIVE or not self.peer:
+        if still > self.peer_timeout and self.role == ACTIVE and self.peer and not self.in_doubt:
+            log.warning(
+                "%s did not run for %.2fs (paused or starved), longer than the peer timeout: asking the peer "
+                "whether it was promoted meanwhile before acting as active",
+                self.instance,
+                still,
+            )
+            self.in_doubt = True
+        return self.in_doubt
+
+    def settle_doubt(self, peer_id: str, peer_role: Role | None, peer_epoch: int) -> bool:
+        """The peer's answer after a doubt (``peer_role`` None: no answer). True when this one stepped down."""
+        self.in_doubt = False
+        if peer_role is None:
             return False
-        return self.change(
-            STANDBY,
-            self.epoch,
-            f"it did not run for {still:.2f}s (paused or starved), longer than the peer timeout: "
-            "its peer may have been promoted meanwhile",
-        )
+        return self.step_down_for(peer_id, peer_role, peer_epoch)
 
     # ----------------------------------------------------------------- roles --
     @staticmethod

@@ -304,6 +304,7 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
     async def GetStats(
         self, request: broker_pb2.GetStatsRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.BrokerStats:
+        await self.broker.confirm_role()
         return self._stats()
 
     async def WatchStats(
@@ -313,6 +314,7 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         if interval < 0.01:
             raise InvalidArgument("WatchStats.interval_ms must be at least 10")
         while True:
+            await self.broker.confirm_role()
             yield self._stats()
             await asyncio.sleep(interval)
 
@@ -357,9 +359,9 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def _role(self) -> broker_pb2.RoleInfo:
+    async def _role(self) -> broker_pb2.RoleInfo:
         b = self.broker
-        b.check_running()
+        await b.confirm_role()
         return broker_pb2.RoleInfo(
             broker_id=b.settings.instance, role=b.role, epoch=b.epoch, peer=b.peer, peer_up=b.peer_up
         )
@@ -367,7 +369,7 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     async def GetRole(
         self, request: broker_pb2.GetRoleRequest, context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.RoleInfo:
-        return self._role()
+        return await self._role()
 
     async def SetRole(
         self, request: broker_pb2.SetRoleRequest, context: aio.ServicerContext[Any, Any]
@@ -375,7 +377,7 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
         if request.peer:
             parse_peer_or_invalid(request.peer)
         self.broker.set_role(request.role, request.epoch, request.peer)
-        return self._role()
+        return await self._role()
 
     async def GetSwitchPosition(
         self, request: broker_pb2.GetSwitchPositionRequest, context: aio.ServicerContext[Any, Any]
