@@ -1,9 +1,12 @@
 """A model of one broker's control side for one subscriber, after broker.proto's BrokerControl.
 
 Used where the monitor's sequencing is checked without broker processes: it answers
-like the documented contract (step 1 only while serving; accept makes it serve and says
-its floor; redirect leaves; release clears or shadows), can be told to fail a call, and
-can hold step 1 until a gate opens (to catch a switchover in the middle).
+like the broker (step 1 only while serving or leaving; accept makes it serve and says its
+floor; redirect leaves; release clears or shadows, and clears nothing twice; SetRole fenced
+by epoch, over 2^62 refused), can be told to fail a call, and can hold step 1 until a gate
+opens (to catch a switchover in the middle). Every scenario that uses it also runs against
+a real pair (``real_pair.py``) unless only the model can produce its fault, so where the
+model drifts from the broker a test fails.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
 
+# The highest epoch a broker takes (pair_state.py).
+MAX_EPOCH = 2**62
+
 
 def rpc_error(code: grpc.StatusCode, details: str) -> aio.AioRpcError:
     return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details)
@@ -29,6 +35,8 @@ class ModelBroker:
     broker_id: str
     role: str  # "active" or "standby"
     state: str  # SERVING, SHADOW, AWAY, LEAVING
+    # The broker's epoch: SetRole is fenced by it, as pair_state.py fences it.
+    epoch: int = 0
     # What GetSwitchPosition answers, call after call (the last one repeats).
     positions: list[dict[str, int]] = field(default_factory=lambda: [{"pub": 10}])
     floor: dict[str, int] = field(default_factory=dict)
@@ -65,7 +73,7 @@ class ModelBroker:
         self.call("position")
         if self.gate is not None:
             await self.gate.wait()
-        if self.state != "SERVING":
+        if self.state not in ("SERVING", "LEAVING"):  # a redirected copy still answers, as broker.py's does
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"{self.broker_id} does not serve {subscriber_id}")
         last = self.positions.pop(0) if len(self.positions) > 1 else self.positions[0]
         return broker_pb2.GetSwitchPositionResponse(position=broker_pb2.Position(last_seq=last), connected=True)
@@ -87,6 +95,8 @@ class ModelBroker:
 
     async def release(self, switchover_id: str, subscriber_id: str, topic: str) -> broker_pb2.ReleaseSubscriberResponse:
         self.call("release")
+        if self.state in ("AWAY", "SHADOW"):  # already released: nothing to clear (broker.py)
+            return broker_pb2.ReleaseSubscriberResponse(cleared=0)
         self.state = "AWAY" if self.role == "active" else "SHADOW"
         return broker_pb2.ReleaseSubscriberResponse(cleared=1)
 
@@ -122,7 +132,18 @@ class StubAdapter:
         return await self.model.release(request.switchover_id, request.subscriber_id, request.topic)
 
     async def SetRole(self, request: Any, **_: Any) -> broker_pb2.RoleInfo:  # noqa: N802 - the stub's names
-        self.model.call("set_role")
-        self.roles.append((request.role, request.epoch, request.peer))
-        self.model.role = "active" if request.role == broker_pb2.BROKER_ROLE_ACTIVE else "standby"
-        return broker_pb2.RoleInfo(broker_id=self.model.broker_id, role=request.role, epoch=request.epoch)
+        """Fenced by epoch as the broker fences it (pair_state.py ``set_by_monitor``)."""
+        model = self.model
+        model.call("set_role")
+        if request.role not in (broker_pb2.BROKER_ROLE_ACTIVE, broker_pb2.BROKER_ROLE_STANDBY):
+            raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "SetRole.role must be ACTIVE or STANDBY")
+        if request.epoch > MAX_EPOCH:
+            raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, f"SetRole: epoch {request.epoch} is over {MAX_EPOCH}")
+        role = "active" if request.role == broker_pb2.BROKER_ROLE_ACTIVE else "standby"
+        if request.epoch < model.epoch or (request.epoch == model.epoch and role != model.role):
+            raise rpc_error(
+                grpc.StatusCode.FAILED_PRECONDITION, f"epoch {request.epoch} is not newer than {model.epoch}"
+            )
+        model.role, model.epoch = role, request.epoch
+        self.roles.append((request.role, request.epoch, request.peer))  # the role changes that took
+        return broker_pb2.RoleInfo(broker_id=model.broker_id, role=request.role, epoch=request.epoch)

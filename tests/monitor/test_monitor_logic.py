@@ -1,17 +1,22 @@
 """The monitor's decisions and requests, in one process, fed with statistics frames.
 
 The monitor here gets ``BrokerStats`` frames through ``BrokerLink.receive`` (what its
-statistics stream does) and its control calls are answered by the pair model
-(``model_pair.py``) behind the generated stubs' method names: no network, so slow moves,
-migrate-back, failover and the one-switchover-per-subscriber rule are checked without
-timing. Real processes: ``test_monitor_process.py``.
+statistics stream does), so slow moves, migrate-back, failover and the
+one-switchover-per-subscriber rule are checked without timing. Its control calls are
+answered, per the ``side`` fixture, by the pair model (``model_pair.py``) behind the
+generated stubs' method names, or by a real broker pair (``real_pair.py``) whose state the
+frames describe (desk-1 subscribed, pub's 10 messages acknowledged on broker-a; a broker the
+scenario kills is killed), so a model that answers otherwise than the broker fails here.
+A scenario that makes no broker call, or needs a frame no real broker sends, runs on the
+model only and says so. Real monitor processes: ``test_monitor_process.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -22,7 +27,9 @@ from sokutatsu.monitor.errors import SwitchoverRunning
 from sokutatsu.monitor.monitor import Monitor
 from sokutatsu.monitor.settings import MonitorSettings, parse_brokers
 from sokutatsu.monitor.v1 import monitor_pb2
+from tests.broker.fix_broker import Pair
 from tests.monitor.model_pair import ModelBroker, StubAdapter, rpc_error
+from tests.monitor.real_pair import RealEnd, RealPair
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,16 +65,53 @@ def _stats(
     return broker_pb2.BrokerStats(broker_id=broker_id, role=role, epoch=epoch, peer_up=peer_up, subscribers=subs)
 
 
+class RealStubAdapter(StubAdapter):
+    """The stubs' calls sent to a real broker (``RealEnd``, its own channel), recorded alike."""
+
+    def __init__(self, end: RealEnd) -> None:
+        super().__init__(end)  # type: ignore[arg-type]  # the same calls, answered for real
+        self.end = end
+
+    async def ListSubscriptions(self, request: Any, **_: Any) -> broker_pb2.ListSubscriptionsResponse:  # noqa: N802 - the stub's names
+        self.end.calls.append("subscription")
+        reply: broker_pb2.ListSubscriptionsResponse = await self.end.link.admin.ListSubscriptions(request, timeout=5)
+        return reply
+
+    async def SetRole(self, request: Any, **_: Any) -> broker_pb2.RoleInfo:  # noqa: N802 - the stub's names
+        self.end.calls.append("set_role")
+        info = await self.end.set_role(request.role, request.epoch, request.peer)
+        self.roles.append((request.role, request.epoch, request.peer))  # the role changes that took
+        return info
+
+
 class Harness:
     """Each tick, every broker not ``silent`` sends its current statistics (its role and epoch as
     the last SetRole left them), then the monitor makes one round of decisions."""
 
-    def __init__(self, monitor: Monitor, a: ModelBroker, b: ModelBroker) -> None:
+    def __init__(self, monitor: Monitor, a: ModelBroker | RealEnd, b: ModelBroker | RealEnd) -> None:
         self.monitor = monitor
         self.models = {"broker-a": a, "broker-b": b}
         self.stubs: dict[str, StubAdapter] = {}
         self.current: dict[str, broker_pb2.BrokerStats] = {}
         self.silent: set[str] = set()
+        self.real: RealPair | None = None
+
+    def address(self, broker_id: str) -> str:
+        return self.monitor.links[broker_id].address
+
+    def gate(self, broker_id: str) -> asyncio.Event:
+        """Step 1 on ``broker_id`` waits until the event is set."""
+        gate = asyncio.Event()
+        model = self.models[broker_id]
+        if isinstance(model, ModelBroker):
+            model.gate = gate
+        else:
+
+            async def wait() -> None:
+                await gate.wait()
+
+            model.before["position"] = wait
+        return gate
 
     def feed(self, broker_id: str, stats: broker_pb2.BrokerStats) -> None:
         self.current[broker_id] = stats
@@ -84,11 +128,15 @@ class Harness:
         self.monitor.tick(time.monotonic())
 
     def kill(self, broker_id: str) -> None:
-        """Its statistics stream breaks and nothing more arrives; its peer stops hearing it."""
+        """Its statistics stream breaks and nothing more arrives; its peer stops hearing it.
+        A real broker is killed (kill -9)."""
         self.hide(broker_id)
         for other, stats in self.current.items():
             if other != broker_id:
                 stats.peer_up = False
+        model = self.models[broker_id]
+        if isinstance(model, RealEnd):
+            model.process.kill9()
 
     def hide(self, broker_id: str) -> None:
         """The monitor stops hearing it (busy, or cut off from the monitor); its peer still does."""
@@ -107,11 +155,27 @@ class Harness:
         return [r for r in self.monitor.recent if r.reason == reason]
 
 
+@pytest.fixture(params=["model", "real"])
+def side(request: pytest.FixtureRequest) -> str:
+    """Who answers the monitor's control calls: the pair model, or a real broker pair."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def harness(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+async def harness(
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    side: str,
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> AsyncIterator[Harness]:
     overrides: dict[str, object] = getattr(request, "param", {})
+    real = None
+    brokers = "broker-a=127.0.0.1:1,broker-b=127.0.0.1:2"
+    if side == "real":
+        real = RealPair.of(await pair_factory())
+        brokers = real.brokers_setting
     settings = MonitorSettings(
-        brokers=parse_brokers("broker-a=127.0.0.1:1,broker-b=127.0.0.1:2"),
+        brokers=parse_brokers(brokers),
         stats_interval_ms=50,
         failover_after=0.3,
         switch_timeout=0.3,
@@ -122,12 +186,20 @@ async def harness(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReques
         **overrides,  # type: ignore[arg-type]
     )
     monitor = Monitor(settings)
-    a = ModelBroker("broker-a", "active", "SERVING")
-    b = ModelBroker("broker-b", "standby", "SHADOW")
-    h = Harness(monitor, a, b)
+    if real is None:
+        h = Harness(monitor, ModelBroker("broker-a", "active", "SERVING"), ModelBroker("broker-b", "standby", "SHADOW"))
+    else:
+        h = Harness(monitor, real.active, real.standby)
+        h.real = real
+        # What the frames say: desk-1 served by broker-a, which has pub's 10 messages acknowledged.
+        await real.create("desk-1", "prices")
+        await real.publish("prices", {"pub": 10})
+        sub = await real.subscribe(real.active, "desk-1", "prices")
+        await real.acked_at(sub, real.active, {"pub": 10}, ("desk-1", "prices"))
+        await sub.close()
     for broker_id, model in h.models.items():
         link = monitor.links[broker_id]
-        stub = h.stubs[broker_id] = StubAdapter(model)
+        stub = h.stubs[broker_id] = StubAdapter(model) if isinstance(model, ModelBroker) else RealStubAdapter(model)
         for name in ("GetSwitchPosition", "AcceptSubscriber", "RedirectSubscriber", "ReleaseSubscriber", "SetRole"):
             monkeypatch.setattr(link.control, name, getattr(stub, name))
         monkeypatch.setattr(link.admin, "ListSubscriptions", stub.ListSubscriptions)
@@ -137,6 +209,8 @@ async def harness(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureReques
             yield h
     finally:
         await monitor.close()
+        if real is not None:
+            await real.close()
 
 
 def _normal_pair(h: Harness, depth: int = 10) -> None:
@@ -145,6 +219,7 @@ def _normal_pair(h: Harness, depth: int = 10) -> None:
     h.tick()
 
 
+@pytest.mark.parametrize("side", ["model"])  # refused before any broker call: no answer to compare
 @pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
 async def test_requests_that_are_refused_before_any_step(harness: Harness) -> None:
     h = harness
@@ -171,7 +246,7 @@ async def test_requests_that_are_refused_before_any_step(harness: Harness) -> No
 async def test_a_second_switchover_of_the_same_subscriber_is_aborted(harness: Harness) -> None:
     h = harness
     _normal_pair(h)
-    gate = h.models["broker-a"].gate = asyncio.Event()
+    gate = h.gate("broker-a")
     first = asyncio.create_task(h.monitor.request_switchover("desk-1", "", ""))
     await h.ticks_until(lambda: ("desk-1", "prices") in h.monitor.running, "the first switchover to start")
     with pytest.raises(SwitchoverRunning, match="a switchover of desk-1 on prices is already running"):
@@ -220,19 +295,33 @@ async def test_slow_subscriber_moves_to_the_standby_and_back_once_recovered(harn
         await asyncio.sleep(0.01)
     assert not h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)
 
-    # Drained: back to the active after the dwell (the active holds from accept time: step 1 loops).
-    h.models["broker-a"].floor = {"pub": 12}
-    h.models["broker-b"].positions = [{"pub": 10}, {"pub": 12}]
-    h.models["broker-a"].calls.clear()
+    # Drained: back to the active after the dwell. The model's active holds from accept time
+    # (step 1 loops once); the real one's away copy holds from the switch position (pub 10).
+    a = h.models["broker-a"]
+    if isinstance(a, ModelBroker):
+        b = h.models["broker-b"]
+        assert isinstance(b, ModelBroker)
+        a.floor = {"pub": 12}
+        b.positions = [{"pub": 10}, {"pub": 12}]
+    a.calls.clear()
     h.feed("broker-b", _stats("broker-b", STANDBY, [_sub(broker_pb2.QUEUE_STATE_SERVING, 2)]))
     await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)), "the move back")
     back = h.records(monitor_pb2.SWITCHOVER_REASON_RECOVERED)[0]
     assert (back.from_broker_id, back.to_broker_id, back.error) == ("broker-b", "broker-a", "")
-    assert back.position_retries == 1
-    assert h.models["broker-a"].accepted_positions[-2:] == [{"pub": 10}, {"pub": 12}]
+    if h.real is None:
+        assert back.position_retries == 1
+        assert a.accepted_positions[-2:] == [{"pub": 10}, {"pub": 12}]
+    else:
+        assert back.position_retries == 0
+        assert a.accepted_positions == [{"pub": 10}]
+        assert (await h.real.active.state("desk-1", "prices"), await h.real.standby.state("desk-1", "prices")) == (
+            "SERVING",
+            "SHADOW",
+        )
     assert len(h.monitor.recent) == 2  # one move each way, nothing more
 
 
+@pytest.mark.parametrize("side", ["model"])  # no broker call is made: no answer to compare
 async def test_flow_to_disk_subscribers_are_never_moved(harness: Harness) -> None:
     h = harness
     mode = {"overflow_mode": broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK}
@@ -254,12 +343,15 @@ async def test_failover_promotes_the_standby_once_and_is_recorded(harness: Harne
     assert (record.from_broker_id, record.to_broker_id, record.epoch, record.error) == ("broker-a", "broker-b", 2, "")
     assert [s.step for s in record.steps] == [monitor_pb2.SWITCHOVER_STEP_DETECT, monitor_pb2.SWITCHOVER_STEP_PROMOTE]
     assert record.finished
-    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, h.address("broker-a"))]
     for _ in range(30):  # longer than the failover time: still one promotion
         h.tick()
         await asyncio.sleep(0.01)
-    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, h.address("broker-a"))]
     assert h.monitor.status(0).active_broker_id == "broker-b"
+    if h.real is not None:
+        b = await h.real.standby.stats()
+        assert (b.role, b.epoch) == (ACTIVE, 2)
     served = h.monitor.assignment("desk-1", "prices")
     assert served.broker_id in ("broker-a", "broker-b")  # until broker-b's statistics say it serves
 
@@ -279,7 +371,7 @@ async def test_an_active_only_the_monitor_lost_is_not_failed_over(harness: Harne
     assert not h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)
     h.current["broker-b"].peer_up = False
     await h.ticks_until(lambda: bool(h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)), "the failover")
-    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, "127.0.0.1:1")]
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, h.address("broker-a"))]
     assert h.monitor.roles.held is None
 
 
@@ -300,6 +392,9 @@ async def test_a_failed_task_is_logged_and_the_monitor_goes_on(
     assert "task broken failed; the monitor goes on" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "side", ["model"]
+)  # no real broker reaches 2^64-1 now (SetRole over 2^62 is INVALID_ARGUMENT): a hand-made frame
 async def test_an_epoch_set_by_hand_to_the_end_of_uint64_holds_roles_and_is_said_once(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,11 +417,15 @@ async def test_two_actives_the_older_epoch_is_demoted(harness: Harness) -> None:
     h.feed("broker-a", _stats("broker-a", ACTIVE, [], epoch=1))
     h.feed("broker-b", _stats("broker-b", ACTIVE, [], epoch=2))
     await h.ticks_until(lambda: bool(h.stubs["broker-a"].roles), "the demotion")
-    assert h.stubs["broker-a"].roles == [(STANDBY, 3, "127.0.0.1:2")]
+    assert h.stubs["broker-a"].roles == [(STANDBY, 3, h.address("broker-b"))]
     assert h.stubs["broker-b"].roles == []
     assert not h.records(monitor_pb2.SWITCHOVER_REASON_FAILOVER)
+    if h.real is not None:
+        a = await h.real.active.stats()
+        assert (a.role, a.epoch) == (STANDBY, 3)
 
 
+@pytest.mark.parametrize("side", ["model"])  # no broker call is made
 @pytest.mark.parametrize("harness", [{"auto_switch": False}], indirect=True)
 async def test_watch_gives_the_current_assignments_then_changes(harness: Harness) -> None:
     h = harness
@@ -348,6 +447,7 @@ async def test_watch_gives_the_current_assignments_then_changes(harness: Harness
     assert len(h.monitor.watchers) == 0
 
 
+@pytest.mark.parametrize("side", ["model"])  # no broker call is made
 async def test_status_says_why_a_broker_is_not_reachable(harness: Harness) -> None:
     h = harness
     _normal_pair(h)
@@ -364,9 +464,20 @@ async def test_status_says_why_a_broker_is_not_reachable(harness: Harness) -> No
 
 
 async def _refused_release(h: Harness) -> monitor_pb2.Switchover:
-    """A manual move whose step 4 broker-a refuses (it does not hear broker-b)."""
+    """A manual move whose step 4 broker-a refuses (it does not hear broker-b: a real one is paused)."""
     _normal_pair(h)
-    h.models["broker-a"].fail["release"] = rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "peer is down")
+    a = h.models["broker-a"]
+    if isinstance(a, ModelBroker):
+        a.fail["release"] = rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "peer is down")
+    else:
+        real = h.real
+        assert real is not None
+
+        async def pause_the_taker() -> None:
+            real.standby.process.freeze()
+            await real.peer_is(real.active, up=False)
+
+        a.before["release"] = pause_the_taker
     record = await h.monitor.request_switchover("desk-1", "prices", "")
     assert "step 4 (release) on broker-a failed: FAILED_PRECONDITION" in record.error
     assert ("desk-1", "prices") in h.monitor.releases
@@ -387,7 +498,12 @@ async def test_a_refused_release_is_done_once_the_peer_is_heard(harness: Harness
         await asyncio.sleep(0.01)
     refused = a.calls.count("release")
     assert refused == record.release_retries + 1  # not asked again while broker-a does not hear its peer
-    del a.fail["release"]
+    if isinstance(a, ModelBroker):
+        del a.fail["release"]
+    else:
+        assert h.real is not None
+        h.real.standby.process.thaw()
+        await h.real.peer_is(h.real.active, up=True)
     h.feed("broker-a", _stats("broker-a", ACTIVE, [_sub(broker_pb2.QUEUE_STATE_LEAVING)]))
     await h.ticks_until(lambda: ("desk-1", "prices") not in h.monitor.releases, "the release")
     assert a.calls.count("release") == refused + 1
@@ -405,6 +521,7 @@ async def test_the_subscriber_goes_back_when_the_taker_dies_before_the_release(h
     assert record.note == "broker-b stopped answering after the redirect; broker-a took the subscriber back"
 
 
+@pytest.mark.parametrize("side", ["model"])  # no broker call is made (the frame says it promoted itself)
 async def test_a_standby_that_promoted_itself_is_recorded_as_a_failover(harness: Harness) -> None:
     h = harness
     _normal_pair(h)
