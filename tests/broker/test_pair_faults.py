@@ -18,6 +18,8 @@ from sokutatsu.broker.pair_state import MAX_EPOCH
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.chaos_proxy import LinkProxy
 from sokutatsu.client import BufferFull, Publisher
+from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
+from tests.broker import raw
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, until
 from tests.broker.test_pair import TOPIC, Consumer, _async, _role, consuming, switch
 
@@ -253,3 +255,60 @@ async def test_a_publisher_reconnecting_while_the_survivor_acknowledges_alone_lo
     desk.check({"feed": 4000})
     rejoined = await stats(pair.standby.address)
     assert rejoined.published_total > 0
+
+
+async def test_a_release_waiting_for_a_slow_redirected_stream_is_refused_within_the_monitors_deadline(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Found by running the monitor's scenarios against real brokers: ReleaseSubscriber waited up
+    to 10 s for a redirected stream to end, the monitor gives up after 2 s and takes
+    DEADLINE_EXCEEDED for an unreachable broker, so nobody released the copy again (left
+    leaving, growing). A client that does not read its stream keeps it from ending; the release
+    now answers FAILED_PRECONDITION within the monitor's deadline (which the monitor retries),
+    and succeeds once the stream has ended."""
+    pair = await pair_factory()
+    subscription = broker_pb2.Subscription(subscriber_id="stuck", topic=TOPIC, durable=True)
+    async with aio.insecure_channel(pair.active.address) as a_ch, aio.insecure_channel(pair.standby.address) as b_ch:
+        for channel in (a_ch, b_ch):
+            await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+                broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=10
+            )
+        stuck = await raw.open_subscribe(a_ch, "stuck", TOPIC, 1_000_000, durable=True)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            for _ in range(300):
+                pub.publish_nowait(TOPIC, "K", bytes(64 * 1024))
+            await pub.flush()
+        a, b = broker_pb2_grpc.BrokerControlStub(a_ch), broker_pb2_grpc.BrokerControlStub(b_ch)
+        position = await a.GetSwitchPosition(
+            broker_pb2.GetSwitchPositionRequest(subscriber_id="stuck", topic=TOPIC), timeout=10
+        )
+        await b.AcceptSubscriber(
+            broker_pb2.AcceptSubscriberRequest(subscription=subscription, position=position.position), timeout=10
+        )
+        await a.RedirectSubscriber(
+            broker_pb2.RedirectSubscriberRequest(subscriber_id="stuck", topic=TOPIC, target=pair.standby.address),
+            timeout=10,
+        )
+        release = broker_pb2.ReleaseSubscriberRequest(subscriber_id="stuck", topic=TOPIC)
+        with pytest.raises(aio.AioRpcError) as refused:
+            await a.ReleaseSubscriber(release, timeout=CONTROL_TIMEOUT_SECONDS)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "still ending" in (refused.value.details() or "")
+        # The client reads what was sent, then the redirect; the stream ends and the release goes through.
+        while True:
+            response = await stuck.read()
+            assert response is not aio.EOF
+            if isinstance(response, broker_pb2.SubscribeResponse) and response.HasField("redirect"):
+                break
+        stuck.cancel()
+        await until(lambda: _released(a_ch, release), "the release once the stream ended")
+
+
+async def _released(channel: aio.Channel, release: broker_pb2.ReleaseSubscriberRequest) -> bool:
+    try:
+        await broker_pb2_grpc.BrokerControlStub(channel).ReleaseSubscriber(release, timeout=CONTROL_TIMEOUT_SECONDS)
+    except aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        return False
+    return True

@@ -45,6 +45,10 @@ class PeerServes(Exception):
 
 # How long a reconnecting subscriber waits for its previous stream to end.
 TAKEOVER_SECONDS = 10.0
+# How long ReleaseSubscriber waits for a redirected stream to end before it refuses (retry):
+# well within a caller's deadline (the monitor's is 2 s), so a slow stream is a refusal the
+# monitor retries, not a call it takes for an unreachable broker.
+RELEASE_WAIT_SECONDS = 1.0
 
 
 @dataclass
@@ -670,9 +674,12 @@ class Broker:
         queue = self.queue(topic, subscriber_id)
         if queue.state == LEAVING and queue.attached:
             try:
-                await asyncio.wait_for(queue.idle.wait(), TAKEOVER_SECONDS)
+                await asyncio.wait_for(queue.idle.wait(), RELEASE_WAIT_SECONDS)
             except TimeoutError:
-                raise Unavailable(f"the redirected stream of {subscriber_id!r} did not end; retry") from None
+                raise FailedPrecondition(
+                    f"the redirected stream of {subscriber_id!r} is still ending (its client has not read what was "
+                    "sent before the redirect); retry"
+                ) from None
         if queue.state in (AWAY, SHADOW):
             return 0
         if queue.attached:
