@@ -20,7 +20,7 @@ from sokutatsu.cli.chaos_proxy import LinkProxy
 from sokutatsu.client import BufferFull, Publisher
 from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
 from tests.broker import raw
-from tests.broker.fix_broker import BrokerProcess, Pair, stats, until
+from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 from tests.broker.test_pair import TOPIC, Consumer, _async, _role, consuming, switch
 
 pytestmark = pytest.mark.timeout(180)
@@ -312,3 +312,30 @@ async def _released(channel: aio.Channel, release: broker_pb2.ReleaseSubscriberR
             raise
         return False
     return True
+
+
+async def test_a_subscriber_moved_with_a_backlog_loses_nothing_when_the_standby_dies_right_after(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Found by `sokutatsu chaos` (seeds 1007 and 1009: 2,544 and 2,749 messages reported as a
+    gap): switchover step 4 emptied the active's copy, keeping only what came after it, so the
+    active lacked the whole backlog of a subscriber moved to the standby and was not caught up
+    until the subscriber had read past it; the standby killed meanwhile left the subscriber a
+    gap. The active now keeps the newest AWAY_TAIL bytes of the backlog it had (here all of it)."""
+    pair = await pair_factory()
+    desk = Consumer(pair, "desk", 2000)
+    desk.delay = 0.01
+    async with consuming(desk):
+        await asyncio.wait_for(desk.sub.connected.wait(), 10)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, 2000)
+        assert len(desk.got) < 1500, "the schedule needs a backlog when the subscriber moves"
+        await switch(pair.active, pair.standby, "broker-b", "desk")
+        away = await subscriber_stats(pair.active.address, "desk")
+        assert away.state == broker_pb2.QUEUE_STATE_AWAY
+        assert away.depth > 0
+        assert (await stats(pair.active.address)).caught_up
+        pair.standby.kill9()
+        desk.delay = 0.0
+    desk.check({"feed": 2000})
+    assert desk.brokers[-1] == "broker-a"

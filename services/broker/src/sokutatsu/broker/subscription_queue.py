@@ -531,21 +531,50 @@ class SubscriptionQueue:
     def hand_over(self, *, keep_tail: bool) -> int:
         """Switchover step 4 (no stream attached): the peer serves the subscriber now.
 
-        The active keeps only a tail (``AWAY``, starting empty: everything it held is recorded
-        as what it may lack); the standby keeps a ``SHADOW``. Returns how many were cleared.
+        The active keeps a tail (``AWAY``): the newest ``away_tail`` bytes of what it held (in
+        memory; what is older, or on disk, is cleared and recorded as what it may lack), so a
+        subscriber moved with a backlog that fits the tail loses nothing if the standby dies
+        right after. The standby keeps a ``SHADOW``. Returns how many were cleared.
         """
         if self.attached:  # pragma: no cover - the broker checks first
             raise ValueError("hand_over() with a stream attached")
         cleared = 0
         if keep_tail:
+            kept = self._take_newest(self.away_tail)
+            first: dict[str, int] = {}
+            for item in kept:
+                first.setdefault(item.publisher_id, item.seq)
             cleared = self.empty_out()
             for publisher, seq in self.last_enqueued.items():
-                self.may_lack(publisher, seq)
+                self.may_lack(publisher, first[publisher] - 1 if publisher in first else seq)
+            self.memory.extend(kept)
             self.state = AWAY
         else:
             self.state = SHADOW
         self.redirect = None
         return cleared
+
+    def _take_newest(self, limit: int) -> list[Item]:
+        """Take out of the queue the newest items held in memory, oldest first, at most ``limit``
+        bytes, with nothing left after them (per publisher, they are its last ones here). Their
+        bytes stay counted in ``memory_bytes``; nothing past the disk is taken."""
+        taken: list[Item] = []
+        size = 0
+        newest_first: list[list[Item] | deque[Item]] = [self.memory, self.spill_buffer]
+        if not (self.disk_count or self.spilling or self._reading):
+            newest_first += [self.readback, self.front]
+        for source in newest_first:
+            while source and size + source[-1].size <= limit:
+                item = source.pop()
+                size += item.size
+                item.segment = -1  # its segment goes with the log
+                taken.append(item)
+                if source is self.spill_buffer:
+                    self.spilled_total += 1  # never written: no longer awaited (written())
+            if source:
+                break
+        taken.reverse()
+        return taken
 
     def shadow(self, peer: str) -> bool:
         """This broker became standby: a copy it served or kept away becomes a shadow, and an
@@ -642,6 +671,8 @@ class SubscriptionQueue:
 
     def empty_out(self) -> int:
         """Drop everything owed, on disk too, and keep the queue (switchover step 4); return how many."""
+        # Spill-buffer items dropped here are never written: no longer awaited (written()).
+        self.spilled_total += len(self.spill_buffer)
         dropped = self.clear()
         self._emptied += 1
         self._wake_spill_waiters(everyone=True)
