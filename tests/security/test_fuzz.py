@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import json
 import os
 import re
 import threading
@@ -623,5 +624,47 @@ def test_transfer_numbers_over_a_bigint_are_refused(targets: Targets) -> None:
         queuedb_pb2_grpc.TransferStub(target.channel).Deliver(batch, timeout=RPC_SECONDS)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "messages[0].enqueued_unix_nano of 18446744073709551615 is over the limit" in (refused.value.details() or "")
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+# ---------------------------------------------------------------------------------------- health --
+# One process per service (issue #20): grpc.health.v1 is served by every one, from the bootstrap.
+SERVICES = ("broker", "monitor", "sequencer", "queuedb")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+# A stock grpcio channel with client-side health checking (gRFC A17): it sends calls only to a
+# server whose health Watch says SERVING, and fails them UNAVAILABLE "health check call failed" else.
+CLIENT_SIDE_HEALTH = json.dumps(
+    {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+)
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_health_check_watch_and_list(targets: Targets, name: str) -> None:
+    """Check, Watch (first answer: the current status; an unknown service: SERVICE_UNKNOWN, the
+    call staying open) and List; Watch was UNKNOWN and List INTERNAL before."""
+    target = targets.get(name)
+    assert target.channel is not None
+    health = health_pb2_grpc.HealthStub(target.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_SECONDS).status == SERVING
+    for service, first in (("", SERVING), ("no.such.Service", health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)):
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=RPC_SECONDS)
+        try:
+            assert next(watch).status == first
+        finally:
+            watch.cancel()
+    listed = health.List(health_pb2.HealthListRequest(), timeout=RPC_SECONDS)
+    assert listed.statuses[""].status == SERVING
+    assert all(s.status == SERVING for s in listed.statuses.values()), listed
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_a_client_side_health_checking_channel_is_served(targets: Targets, name: str) -> None:
+    target = targets.get(name)
+    with grpc.insecure_channel(target.address, options=[("grpc.service_config", CLIENT_SIDE_HEALTH)]) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=RPC_SECONDS)
+    assert reply.status == SERVING
     problem = target.unharmed()
     assert not problem, problem
