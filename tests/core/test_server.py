@@ -288,6 +288,16 @@ def test_json_lines_exporter_writes_otlp_json(tmp_path: Path) -> None:
     assert by_name["process"]["links"][0]["spanId"] == format(context.span_id, "016x")
 
 
+def test_echo_cuts_a_long_value_and_says_how_long_it_was() -> None:
+    """How refusals show a client's value (issue #20): whole up to ECHO_LIMIT, else cut."""
+    assert errors.echo("prices") == "'prices'"
+    assert errors.echo("x" * errors.ECHO_LIMIT) == repr("x" * errors.ECHO_LIMIT)
+    assert errors.echo("y" * 2**20) == f"{'y' * errors.ECHO_LIMIT!r}… (1048576 characters)"
+    nul = b"\x00"
+    assert errors.echo(nul * 200) == f"{nul * errors.ECHO_LIMIT!r}… (200 bytes)"
+    assert errors.echo(7) == "7"
+
+
 def test_unserved_refuses_to_serve_a_method_the_service_does_not_have() -> None:
     from grpc_health.v1 import health_pb2 as health  # noqa: PLC0415 - any real service descriptor
 
