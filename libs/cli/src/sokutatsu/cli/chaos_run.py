@@ -689,10 +689,20 @@ def _active_timeline(samples: list[check.RoleSample]) -> list[list[Any]]:
 
 
 def run_many(seeds: list[int], cfg: ChaosConfig, folder: Path, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Run the schedules one after the other. Each one's result is also written, as soon as it is
+    checked, to ``<folder>/seed-<n>/result.json`` and summed up in one line, so a long run that is
+    interrupted keeps what it found."""
     results: list[dict[str, Any]] = []
     for seed in seeds:
         progress(f"schedule seed {seed}: {cfg.seconds:g} s of faults")
         result = asyncio.run(run_schedule(seed, cfg, folder / f"seed-{seed}", progress))
+        (folder / f"seed-{seed}" / "result.json").write_text(json.dumps(result, indent=1, default=str))
+        progress(
+            f"schedule seed {seed}: lost {result.get('lost')}, duplicates {result.get('duplicates')}, "
+            f"reordered {result.get('reordered')}, gaps {result.get('gaps')}, max_actives "
+            f"{result.get('max_actives')}, longest stall {result.get('publish_stall_max_s')} s, "
+            f"violations {result.get('violations') or 'none'}"
+        )
         results.append(result)
     return results
 
