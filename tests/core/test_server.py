@@ -156,6 +156,51 @@ async def test_health_and_reflection(server: str) -> None:
     assert {SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
 
 
+async def test_health_watch_follows_the_status(tmp_path: Path) -> None:
+    """Watch works through the bootstrap's interceptors (OpenTelemetry's made it UNKNOWN: issue #20)."""
+    async with _probe_server(tmp_path, grace=1.0) as probe, aio.insecure_channel(probe.address) as channel:
+        request = health_pb2.HealthCheckRequest(service=SERVICE)
+        watch = health_pb2_grpc.HealthStub(channel).Watch(request, timeout=LIMIT_SECONDS)
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        await probe.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+
+
+async def test_health_list_names_every_service(server: str) -> None:
+    async with aio.insecure_channel(server) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=10)
+    statuses = {name: response.status for name, response in reply.statuses.items()}
+    assert statuses == {"": health_pb2.HealthCheckResponse.SERVING, SERVICE: health_pb2.HealthCheckResponse.SERVING}
+
+
+# What a stock grpcio client sets for client-side health checking (gRFC A17): its channel only
+# sends calls to a server whose health Watch reports SERVING.
+CLIENT_SIDE_HEALTH = json.dumps(
+    {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+)
+
+
+async def test_a_client_side_health_checking_channel_reaches_the_service(server: str) -> None:
+    async with aio.insecure_channel(server, options=[("grpc.service_config", CLIENT_SIDE_HEALTH)]) as channel:
+        method = channel.unary_unary(f"/{SERVICE}/Call", _identity, _identity)
+        assert await method(b"fine", timeout=10) == b"ok:fine"
+
+
+async def _written(request: bytes, context: aio.ServicerContext[Any, Any]) -> None:
+    """A response stream in grpcio's reader/writer style (a coroutine that writes), as health Watch is."""
+    await context.write(b"one")
+    await context.write(b"two")
+
+
+async def test_a_response_stream_written_by_a_coroutine_is_served(tmp_path: Path) -> None:
+    extra = {"Written": grpc.unary_stream_rpc_method_handler(_written, _identity, _identity)}
+    async with _probe_server(tmp_path, grace=1.0, extra=extra) as probe, aio.insecure_channel(probe.address) as channel:
+        call = channel.unary_stream(f"/{SERVICE}/Written", _identity, _identity)(b"", timeout=10)
+        assert [item async for item in call] == [b"one", b"two"]
+        assert await call.code() == grpc.StatusCode.OK
+
+
 SlowHandler = Callable[[bytes, aio.ServicerContext[Any, Any]], Coroutine[Any, Any, bytes]]
 
 
@@ -241,6 +286,16 @@ def test_json_lines_exporter_writes_otlp_json(tmp_path: Path) -> None:
     assert by_name["send"]["traceId"] == format(context.trace_id, "032x")
     assert by_name["send"]["spanId"] == format(context.span_id, "016x")
     assert by_name["process"]["links"][0]["spanId"] == format(context.span_id, "016x")
+
+
+def test_echo_cuts_a_long_value_and_says_how_long_it_was() -> None:
+    """How refusals show a client's value (issue #20): whole up to ECHO_LIMIT, else cut."""
+    assert errors.echo("prices") == "'prices'"
+    assert errors.echo("x" * errors.ECHO_LIMIT) == repr("x" * errors.ECHO_LIMIT)
+    assert errors.echo("y" * 2**20) == f"{'y' * errors.ECHO_LIMIT!r}… (1048576 characters)"
+    nul = b"\x00"
+    assert errors.echo(nul * 200) == f"{nul * errors.ECHO_LIMIT!r}… (200 bytes)"
+    assert errors.echo(7) == "7"
 
 
 def test_unserved_refuses_to_serve_a_method_the_service_does_not_have() -> None:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import json
 import os
 import re
 import threading
@@ -47,11 +48,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
 from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
+from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import BrokerProcess
 from tests.helpers import ServiceProc, ensure_stopped, start_service
 from tests.monitor.fix_monitor import MonitorProcess, brokers_setting
@@ -623,5 +626,145 @@ def test_transfer_numbers_over_a_bigint_are_refused(targets: Targets) -> None:
         queuedb_pb2_grpc.TransferStub(target.channel).Deliver(batch, timeout=RPC_SECONDS)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "messages[0].enqueued_unix_nano of 18446744073709551615 is over the limit" in (refused.value.details() or "")
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+# ---------------------------------------------------------------------------------------- health --
+# One process per service (issue #20): grpc.health.v1 is served by every one, from the bootstrap.
+SERVICES = ("broker", "monitor", "sequencer", "queuedb")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+# A stock grpcio channel with client-side health checking (gRFC A17): it sends calls only to a
+# server whose health Watch says SERVING, and fails them UNAVAILABLE "health check call failed" else.
+CLIENT_SIDE_HEALTH = json.dumps(
+    {"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}
+)
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_health_check_watch_and_list(targets: Targets, name: str) -> None:
+    """Check, Watch (first answer: the current status; an unknown service: SERVICE_UNKNOWN, the
+    call staying open) and List; Watch was UNKNOWN and List INTERNAL before."""
+    target = targets.get(name)
+    assert target.channel is not None
+    health = health_pb2_grpc.HealthStub(target.channel)
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_SECONDS).status == SERVING
+    for service, first in (("", SERVING), ("no.such.Service", health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)):
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=RPC_SECONDS)
+        try:
+            assert next(watch).status == first
+        finally:
+            watch.cancel()
+    listed = health.List(health_pb2.HealthListRequest(), timeout=RPC_SECONDS)
+    assert listed.statuses[""].status == SERVING
+    assert all(s.status == SERVING for s in listed.statuses.values()), listed
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_a_client_side_health_checking_channel_is_served(targets: Targets, name: str) -> None:
+    target = targets.get(name)
+    with grpc.insecure_channel(target.address, options=[("grpc.service_config", CLIENT_SIDE_HEALTH)]) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=RPC_SECONDS)
+    assert reply.status == SERVING
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+# -------------------------------------------------------------------------------------- oversize --
+# A value far over every name limit and over gRPC's 16 KiB metadata limit if a refusal echoed it
+# whole (RESOURCE_EXHAUSTED "received metadata size exceeds hard limit" before, issue #20).
+BIG = "x" * 2**20
+OVERSIZE_TOPIC = "fuzz.oversize"
+
+
+def _publish(channel: grpc.Channel, *frames: broker_pb2.PublishRequest) -> None:
+    for _ in broker_pb2_grpc.BrokerStub(channel).Publish(iter(frames), timeout=RPC_SECONDS):
+        pass
+
+
+def _big_topic(channel: grpc.Channel) -> None:
+    broker_pb2_grpc.BrokerAdminStub(channel).CreateTopic(
+        broker_pb2.CreateTopicRequest(topic=broker_pb2.Topic(name=BIG)), timeout=RPC_SECONDS
+    )
+
+
+def _big_subscriber(channel: grpc.Channel) -> None:
+    subscription = broker_pb2.Subscription(subscriber_id=BIG, topic=CANARY_TOPIC)
+    broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+        broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=RPC_SECONDS
+    )
+
+
+def _big_publisher(channel: grpc.Channel) -> None:
+    _publish(channel, broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=BIG)))
+
+
+def _big_key(channel: grpc.Channel) -> None:
+    with contextlib.suppress(grpc.RpcError):  # there already
+        broker_pb2_grpc.BrokerAdminStub(channel).CreateTopic(
+            broker_pb2.CreateTopicRequest(topic=broker_pb2.Topic(name=OVERSIZE_TOPIC)), timeout=RPC_SECONDS
+        )
+    publisher = f"fuzz-oversize-{next(_fresh)}"
+    message = broker_pb2.Message(publisher_id=publisher, publisher_seq=1, key=BIG, body=b"x")
+    _publish(
+        channel,
+        broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=publisher)),
+        broker_pb2.PublishRequest(batch=broker_pb2.PublishBatch(topic=OVERSIZE_TOPIC, messages=[message])),
+    )
+
+
+def _big_queue(channel: grpc.Channel) -> None:
+    queuedb_pb2_grpc.QueueServiceStub(channel).CreateQueue(
+        queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name=BIG)), timeout=RPC_SECONDS
+    )
+
+
+def _big_domain(channel: grpc.Channel) -> None:
+    request = sequencer_pb2.StampRequest(request_id=1, count=1, client_id="fuzz-oversize", domain=BIG)
+    for _ in sequencer_pb2_grpc.SequencerStub(channel).Stamp(iter([request]), timeout=RPC_SECONDS):
+        pass
+
+
+def _big_monitored_subscriber(channel: grpc.Channel) -> None:
+    """GetAssignment of an unknown subscriber, once the monitor has its brokers' statistics (before
+    that it answers UNAVAILABLE whatever is asked; this waits for that, bounded by the test's timeout)."""
+    monitor = monitor_pb2_grpc.MonitorStub(channel)
+    while True:
+        try:
+            monitor.GetAssignment(monitor_pb2.GetAssignmentRequest(subscriber_id=BIG), timeout=RPC_SECONDS)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or "statistics yet" not in (error.details() or ""):
+                raise
+        else:
+            return
+
+
+# (target, what the message names the value by, the call, the refusal's code)
+OVERSIZE: dict[str, tuple[str, str, Callable[[grpc.Channel], None], grpc.StatusCode]] = {
+    "topic": ("broker", "topic name", _big_topic, grpc.StatusCode.INVALID_ARGUMENT),
+    "subscriber id": ("broker", "subscriber id", _big_subscriber, grpc.StatusCode.INVALID_ARGUMENT),
+    "publisher id": ("broker", "publisher id", _big_publisher, grpc.StatusCode.INVALID_ARGUMENT),
+    "key": ("broker", "key", _big_key, grpc.StatusCode.INVALID_ARGUMENT),
+    "queue name": ("queuedb", "queue name", _big_queue, grpc.StatusCode.INVALID_ARGUMENT),
+    # A sequencer of another domain, a monitor that knows no such subscriber: their documented codes.
+    "sequencer domain": ("sequencer", "domain", _big_domain, grpc.StatusCode.NOT_FOUND),
+    "monitor subscriber": ("monitor", "subscriber", _big_monitored_subscriber, grpc.StatusCode.NOT_FOUND),
+}
+
+
+@pytest.mark.parametrize("probe", OVERSIZE)
+def test_an_oversize_value_is_refused_with_its_length(targets: Targets, probe: str) -> None:
+    name, field_name, call, code = OVERSIZE[probe]
+    target = targets.get(name)
+    assert target.channel is not None
+    with pytest.raises(grpc.RpcError) as refused:
+        call(target.channel)
+    details = refused.value.details() or ""
+    assert refused.value.code() == code, details[:500]
+    assert field_name in details, details
+    assert f"({len(BIG)} characters)" in details, details
+    assert "x" * 101 not in details, "the value is shown cut"
     problem = target.unharmed()
     assert not problem, problem

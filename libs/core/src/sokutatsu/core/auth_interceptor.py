@@ -25,6 +25,7 @@ from grpc import aio
 
 from sokutatsu.core.auth import ADMIN, FILE_VAR, TOKEN_VAR, Policy, Principal
 from sokutatsu.core.auth_rules import RULES, Check, Rule, is_open
+from sokutatsu.core.errors import echo
 from sokutatsu.core.interceptors import Undecodable, rewrap
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class AuthInterceptor(aio.ServerInterceptor):
         if rule.admin_too and principal.may(ADMIN):
             return
         if not principal.may(permission, resource):
-            target = f" on {resource!r}" if resource is not None else ""
+            target = f" on {echo(resource)}" if resource is not None else ""
             await self._refuse(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -129,7 +130,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"principal {principal.name}",
                 method,
-                f"subscriber id {subscriber!r} does not belong to principal {principal.name!r}: its subscriber ids "
+                f"subscriber id {echo(subscriber)} does not belong to principal {principal.name!r}: its subscriber ids "
                 f"are its name or start with one of its subscriber_prefixes {list(principal.subscriber_prefixes)}",
             )
 

@@ -4,6 +4,11 @@ Service code raises these; one server interceptor (``interceptors.py``) turns
 them into gRPC status codes with the error's message, so a caller always gets a
 code it can branch on and a sentence it can act on. Clients retry only the
 codes in ``RETRYABLE``.
+
+A message that shows a value the client sent shows it through :func:`echo`, cut to
+``ECHO_LIMIT`` characters with its length: the message travels in the status's metadata, and a
+whole 1 MiB name would exceed gRPC's metadata limit, turning the refusal into
+``RESOURCE_EXHAUSTED: received metadata size exceeds hard limit`` (issue #20).
 """
 
 from __future__ import annotations
@@ -64,3 +69,17 @@ class StartupError(Exception):
 
 
 RETRYABLE: frozenset[grpc.StatusCode] = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+# The most characters (or bytes) of a client's value a message shows.
+ECHO_LIMIT = 100
+
+
+def echo(value: object) -> str:
+    """``value``, as a message shows what a client sent: its ``repr``; a string (bytes) over
+    ``ECHO_LIMIT`` characters (bytes) as the repr of its first ``ECHO_LIMIT``, then ``…`` and its
+    length: ``'xxxx…xxxx'… (1048576 characters)``."""
+    if not isinstance(value, str | bytes) or len(value) <= ECHO_LIMIT:
+        return repr(value)
+    unit = "characters" if isinstance(value, str) else "bytes"
+    return f"{value[:ECHO_LIMIT]!r}… ({len(value)} {unit})"

@@ -7,6 +7,13 @@ traceback and becomes ``INTERNAL`` with a message pointing at the log, so no
 stack trace ever reaches a client. A request (or a frame of a request stream)
 whose bytes do not decode as the RPC's request message is ``INVALID_ARGUMENT``
 (grpcio alone would answer ``UNKNOWN``, or ``INTERNAL`` inside a stream).
+
+Every response stream leaves these interceptors as an async generator, also one a servicer
+writes in grpcio's reader/writer style (a coroutine calling ``context.write``, as grpcio's
+health ``Watch`` does): OpenTelemetry's server interceptor, outside them, iterates every
+response stream with ``async for``, so it failed such a handler with ``UNKNOWN`` ('async for'
+requires an object with __aiter__ method, got coroutine:
+open-telemetry/opentelemetry-python-contrib#3066).
 """
 
 from __future__ import annotations
@@ -129,6 +136,21 @@ class DomainErrorInterceptor(aio.ServerInterceptor):
         )
 
 
+def _as_generator(behavior: _Behavior) -> _Behavior:
+    """A response stream's ``behavior`` as an async generator function: one written in the
+    reader/writer style (a coroutine that calls ``context.write``) is awaited by a generator that
+    yields nothing itself (grpcio lets a generator handler write through its context too)."""
+    if inspect.isasyncgenfunction(behavior) or not inspect.iscoroutinefunction(behavior):
+        return behavior  # a generator already, or a synchronous one grpcio runs in its executor
+
+    async def written(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        await behavior(request, context)
+        return
+        yield  # pragma: no cover - makes this an async generator
+
+    return written
+
+
 def rewrap(
     handler: grpc.RpcMethodHandler[Any, Any],
     wrap: Callable[[_Behavior, bool], _Behavior],
@@ -136,7 +158,8 @@ def rewrap(
     request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """``handler`` with its behaviour replaced by ``wrap(behaviour, request_stream)``, whatever
-    its kind (the server interceptors' shared step); ``request_deserializer`` replaces its own."""
+    its kind (the server interceptors' shared step); ``request_deserializer`` replaces its own.
+    A response stream's behaviour is made an async generator first (:func:`_as_generator`)."""
     kwargs = {
         "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
@@ -144,9 +167,9 @@ def rewrap(
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **kwargs)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, False), **kwargs)
+        return grpc.unary_stream_rpc_method_handler(wrap(_as_generator(handler.unary_stream), False), **kwargs)
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, True), **kwargs)
     if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(wrap(_as_generator(handler.stream_stream), True), **kwargs)
     return handler

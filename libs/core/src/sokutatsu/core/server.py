@@ -81,6 +81,38 @@ def server_options(max_frame_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, 
 
 SERVER_OPTIONS: list[tuple[str, Any]] = server_options()
 
+# Methods no span is made for, besides a service's ``untraced``: health and reflection are the
+# suite's plumbing, polled (the monitor checks its brokers' health every stats interval) or held
+# open for a channel's life (a client-side health checking channel keeps a health Watch open).
+UNTRACED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpcio's asyncio health servicer, plus ``List`` (grpc.health.v1), which it leaves unimplemented.
+
+    ``List`` answers every service given a status so far, as the standard says: a snapshot of
+    each one's status, ``NOT_SERVING`` for all once the server is stopping.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listed: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}
+        self._stopping = False
+
+    async def set(self, service: str, status: int) -> None:
+        await super().set(service, status)
+        if not self._stopping:  # as grpcio's: a status set after the shutdown began is ignored
+            self._listed[service] = status
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        self._stopping = True
+        self._listed = dict.fromkeys(self._listed, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def List(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802 - gRPC's name
+        statuses = {name: health_pb2.HealthCheckResponse(status=status) for name, status in self._listed.items()}
+        return health_pb2.HealthListResponse(statuses=statuses)
+
 
 @dataclass
 class ServiceContext:
@@ -89,7 +121,7 @@ class ServiceContext:
     service: str
     runtime: RuntimeSettings
     stack: contextlib.AsyncExitStack
-    health: health_aio.HealthServicer
+    health: HealthServicer
     _group: asyncio.TaskGroup
     # Full method names ("/pkg.Service/Method") the generic RPC tracing skips: long-lived
     # streams whose spans are made per batch by the service itself.
@@ -167,7 +199,7 @@ async def serve(
     guard = AuthInterceptor(auth) if auth is not None else None
     _handle_signals(stop, guard, reload_auth)
 
-    health = health_aio.HealthServicer()
+    health = HealthServicer()
     untraced: set[str] = set()
     server = aio.server(interceptors=_interceptors(untraced, guard), options=server_options(runtime.max_frame_bytes))
     async with contextlib.AsyncExitStack() as stack, asyncio.TaskGroup() as group:
@@ -251,7 +283,7 @@ def _reload_policy(guard: AuthInterceptor, reload_auth: Callable[[], Policy | No
 
 
 def _add_common_services(
-    server: aio.Server, names: list[str], health: health_aio.HealthServicer, process: ProcessServicer
+    server: aio.Server, names: list[str], health: HealthServicer, process: ProcessServicer
 ) -> None:
     """What every service serves besides its own: health, its process figures, reflection of all."""
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -263,10 +295,14 @@ def _add_common_services(
 
 
 def _interceptors(untraced: set[str], guard: AuthInterceptor | None) -> list[aio.ServerInterceptor]:
-    """OpenTelemetry outermost, so it records the status auth or the domain mapping chose."""
+    """OpenTelemetry outermost, so it records the status auth or the domain mapping chose.
+
+    It traces neither the ``untraced`` methods nor health and reflection (``UNTRACED_PREFIXES``).
+    """
 
     def traced(details: grpc.HandlerCallDetails) -> bool:
-        return details.method not in untraced
+        method = details.method
+        return method not in untraced and not method.startswith(UNTRACED_PREFIXES)
 
     interceptors: list[aio.ServerInterceptor] = [aio_server_interceptor(filter_=traced)]  # type: ignore[no-untyped-call]
     if guard is not None:

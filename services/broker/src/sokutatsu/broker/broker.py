@@ -22,7 +22,7 @@ from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import SubscriptionSpec
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
 from sokutatsu.core.process_stats import rss_bytes
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class Broker:
         existing = self.topics.get(spec.name)
         if existing is not None:
             if existing.spec != spec:
-                raise AlreadyExists(f"topic {spec.name!r} exists with other settings: {existing.spec}")
+                raise AlreadyExists(f"topic {echo(spec.name)} exists with other settings: {existing.spec}")
             return existing.spec
         self._add_topic(spec)
         await self._save_catalog()
@@ -193,7 +193,9 @@ class Broker:
     async def delete_topic(self, name: str) -> None:
         topic = self._topic(name)
         if topic.queues:
-            raise FailedPrecondition(f"topic {name!r} still has {len(topic.queues)} subscription(s); delete them first")
+            raise FailedPrecondition(
+                f"topic {echo(name)} still has {len(topic.queues)} subscription(s); delete them first"
+            )
         del self.topics[name]
         await self._save_catalog()
 
@@ -201,7 +203,7 @@ class Broker:
         topic = self.topics.get(name)
         if topic is None:
             check_name("topic name", name)
-            raise NotFound(f"topic {name!r} does not exist; create it first (BrokerAdmin.CreateTopic)")
+            raise NotFound(f"topic {echo(name)} does not exist; create it first (BrokerAdmin.CreateTopic)")
         return topic
 
     async def _topic_or_create(self, name: str) -> Topic:
@@ -253,7 +255,7 @@ class Broker:
         if existing is not None:
             if existing.spec != spec:
                 raise AlreadyExists(
-                    f"subscription of {spec.subscriber_id!r} to {spec.topic!r} exists with other settings; "
+                    f"subscription of {echo(spec.subscriber_id)} to {echo(spec.topic)} exists with other settings; "
                     "delete it first to change them"
                 )
             return existing.spec
@@ -303,7 +305,7 @@ class Broker:
         queue = self._topic(topic).queues.get(subscriber_id)
         if queue is None:
             raise NotFound(
-                f"no subscription of {subscriber_id!r} to topic {topic!r}; create it first "
+                f"no subscription of {echo(subscriber_id)} to topic {echo(topic)}; create it first "
                 "(BrokerAdmin.CreateSubscription) or subscribe non-durably"
             )
         return queue
@@ -311,7 +313,7 @@ class Broker:
     async def delete_subscription(self, topic_name: str, subscriber_id: str) -> None:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
-            raise FailedPrecondition(f"{subscriber_id!r} is connected to {topic_name!r}; disconnect it first")
+            raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
         self._remove_queue(queue)
         if queue.spec.durable:
             self._deleted.add((topic_name, subscriber_id))
@@ -346,7 +348,8 @@ class Broker:
                 await asyncio.wait_for(previous.idle.wait(), TAKEOVER_SECONDS)
             except TimeoutError:
                 raise Unavailable(
-                    f"{spec.subscriber_id!r} is still connected to {spec.topic!r} and its stream did not end; retry"
+                    f"{echo(spec.subscriber_id)} is still connected to {echo(spec.topic)} "
+                    "and its stream did not end; retry"
                 ) from None
         if spec.durable:
             known = self.topics.get(spec.topic)
@@ -357,17 +360,18 @@ class Broker:
             queue = self.queue(spec.topic, spec.subscriber_id)
             if queue.spec != spec:
                 raise FailedPrecondition(
-                    f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings than requested"
+                    f"subscription of {echo(spec.subscriber_id)} to {echo(spec.topic)} "
+                    "has other settings than requested"
                 )
         else:
             topic = await self._topic_or_create(spec.topic)
             if spec.subscriber_id in topic.queues:
                 raise AlreadyExists(
-                    f"{spec.subscriber_id!r} already subscribes to {spec.topic!r}; use another subscriber id"
+                    f"{echo(spec.subscriber_id)} already subscribes to {echo(spec.topic)}; use another subscriber id"
                 )
             queue = self._add_queue(spec)
         if queue.attached:
-            raise Unavailable(f"{spec.subscriber_id!r} connected to {spec.topic!r} twice at once; retry")
+            raise Unavailable(f"{echo(spec.subscriber_id)} connected to {echo(spec.topic)} twice at once; retry")
         if queue.state != SERVING:
             await self._claim(queue)
         generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
@@ -436,14 +440,15 @@ class Broker:
             seq = m.publisher_seq
             if seq <= previous:
                 raise InvalidArgument(
-                    f"publisher {publisher_id!r}: seq {seq} follows {previous} in one batch; "
+                    f"publisher {echo(publisher_id)}: seq {seq} follows {previous} in one batch; "
                     "sequence numbers must increase"
                 )
             previous = seq
             if m.publisher_id != publisher_id:
                 if m.publisher_id:
                     raise InvalidArgument(
-                        f"message seq {seq} names publisher {m.publisher_id!r} on the stream of {publisher_id!r}"
+                        f"message seq {seq} names publisher {echo(m.publisher_id)} "
+                        f"on the stream of {echo(publisher_id)}"
                     )
                 m.publisher_id = publisher_id
             check_key(m.key, seq)
@@ -455,7 +460,7 @@ class Broker:
             if m.previous_seq:
                 m.previous_seq = 0
             if total_order and not m.HasField("stamp"):
-                raise InvalidArgument(f"message seq {seq}: topic {topic.spec.name!r} is total-order; stamp it")
+                raise InvalidArgument(f"message seq {seq}: topic {echo(topic.spec.name)} is total-order; stamp it")
 
     async def publish(
         self, publisher_id: str, state: PublisherState, batch: broker_pb2.PublishBatch
@@ -485,7 +490,7 @@ class Broker:
                     rejection = self._reject(seq, messages[-1].publisher_seq, "an earlier message was refused")
                     break
                 raise InvalidArgument(
-                    f"publisher {publisher_id!r}: seq {seq} follows {last}; sequence numbers must have no gaps "
+                    f"publisher {echo(publisher_id)}: seq {seq} follows {last}; sequence numbers must have no gaps "
                     f"(resend from {last + 1})"
                 )
             matching = queues if unfiltered else [q for q in queues if q.spec.matches(m.key)]
@@ -617,7 +622,7 @@ class Broker:
         queue = self.queue(topic, subscriber_id)
         if queue.state not in (SERVING, LEAVING):
             raise FailedPrecondition(
-                f"{self.settings.instance} does not serve {subscriber_id!r} on {topic!r} (its copy is "
+                f"{self.settings.instance} does not serve {echo(subscriber_id)} on {echo(topic)} (its copy is "
                 f"{_STATE_NAMES[queue.state]}); ask the broker that serves it"
             )
         return queue
@@ -649,7 +654,7 @@ class Broker:
             await self._save_catalog()
         elif queue.spec != spec:
             raise FailedPrecondition(
-                f"subscription of {spec.subscriber_id!r} to {spec.topic!r} has other settings here; "
+                f"subscription of {echo(spec.subscriber_id)} to {echo(spec.topic)} has other settings here; "
                 "delete and recreate it on both brokers"
             )
         queue.serve()
@@ -661,7 +666,7 @@ class Broker:
         queue = self._serving(topic, subscriber_id)
         if not self.peer_up:
             raise FailedPrecondition(
-                f"the peer {self.peer or '(unknown)'} is not heard from; {subscriber_id!r} stays here"
+                f"the peer {self.peer or '(unknown)'} is not heard from; {echo(subscriber_id)} stays here"
             )
         return queue.leave(redirect)
 
@@ -677,16 +682,16 @@ class Broker:
                 await asyncio.wait_for(queue.idle.wait(), RELEASE_WAIT_SECONDS)
             except TimeoutError:
                 raise FailedPrecondition(
-                    f"the redirected stream of {subscriber_id!r} is still ending (its client has not read what was "
+                    f"the redirected stream of {echo(subscriber_id)} is still ending (its client has not read what was "
                     "sent before the redirect); retry"
                 ) from None
         if queue.state in (AWAY, SHADOW):
             return 0
         if queue.attached:
-            raise FailedPrecondition(f"{subscriber_id!r} is connected here; redirect it first (step 3)")
+            raise FailedPrecondition(f"{echo(subscriber_id)} is connected here; redirect it first (step 3)")
         if not self.peer_up:
             raise FailedPrecondition(
-                f"the peer {self.peer or '(unknown)'} is not heard from; keeping {subscriber_id!r}'s queue here"
+                f"the peer {self.peer or '(unknown)'} is not heard from; keeping {echo(subscriber_id)}'s queue here"
             )
         cleared = queue.hand_over(keep_tail=self.role == ACTIVE)
         self._topic(topic).reindex()

@@ -34,7 +34,7 @@ from grpc import aio
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.auth import Policy, Principal
-from sokutatsu.core.errors import InvalidArgument, ResourceExhausted
+from sokutatsu.core.errors import InvalidArgument, ResourceExhausted, echo
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Limits:
             message = (
                 f"{client.key} already holds {len(held)} subscriptions (durable ones it created and live "
                 "non-durable ones), the broker's maximum per client (SOKUTATSU_BROKER_MAX_SUBSCRIPTIONS_PER_CLIENT); "
-                f"delete or close one before subscribing {subscription[1]!r} to {subscription[0]!r}"
+                f"delete or close one before subscribing {echo(subscription[1])} to {echo(subscription[0])}"
             )
             self._refused(client, "max subscriptions per client", message)
             raise ResourceExhausted(message)

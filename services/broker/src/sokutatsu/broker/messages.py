@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.errors import InvalidArgument, echo
 from sokutatsu.core.wire import varint
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -28,7 +28,7 @@ _TAG_RESPONSE_BATCH = b"\x12"  # SubscribeResponse.batch = 2, length-delimited
 def check_name(kind: str, value: str) -> str:
     if not NAME_PATTERN.fullmatch(value):
         raise InvalidArgument(
-            f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            f"invalid {kind} {echo(value)}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return value
 
@@ -36,7 +36,7 @@ def check_name(kind: str, value: str) -> str:
 def check_key(value: str, seq: int) -> None:
     if not KEY_PATTERN.fullmatch(value):
         raise InvalidArgument(
-            f"message seq {seq}: invalid key {value!r}: use 1-256 characters without spaces or control characters"
+            f"message seq {seq}: invalid key {echo(value)}: use 1-256 characters without spaces or control characters"
         )
 
 

@@ -19,7 +19,7 @@ from sokutatsu.broker.pair import receive_watermarks
 from sokutatsu.broker.settings import parse_peer
 from sokutatsu.broker.subscription_queue import SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.errors import InvalidArgument, echo
 from sokutatsu.core.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -430,4 +430,4 @@ def parse_peer_or_invalid(address: str) -> str:
     try:
         return parse_peer(address)
     except SettingsError as exc:
-        raise InvalidArgument(f"{address!r}: {exc}") from None
+        raise InvalidArgument(f"{echo(address)}: {exc}") from None

@@ -7,7 +7,7 @@ from typing import Any
 
 from sokutatsu.broker.messages import check_name
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.errors import InvalidArgument, echo
 
 FLOW_TO_DISK = "flow-to-disk"
 MIGRATE = "migrate"
@@ -43,7 +43,7 @@ class SubscriptionSpec:
         check_name("topic name", sub.topic)
         for key in [*sub.filter.exact_keys, *sub.filter.prefixes]:
             if not key or len(key) > 256:
-                raise InvalidArgument(f"filter entry {key!r}: keys and prefixes are 1-256 characters")
+                raise InvalidArgument(f"filter entry {echo(key)}: keys and prefixes are 1-256 characters")
         return cls(
             subscriber_id=sub.subscriber_id,
             topic=sub.topic,

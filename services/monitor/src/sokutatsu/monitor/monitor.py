@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable, echo
 from sokutatsu.monitor import status
 from sokutatsu.monitor.assignments import BrokerView, Served, SubKey, active_broker, by_subscriber, derive_assignments
 from sokutatsu.monitor.broker_link import BrokerLink
@@ -343,14 +343,14 @@ class Monitor:
         if topic:
             served = self.view.get((subscriber_id, topic))
             if served is None:
-                raise NotFound(f"no subscription of {subscriber_id!r} on topic {topic!r} at {pair}")
+                raise NotFound(f"no subscription of {echo(subscriber_id)} on topic {echo(topic)} at {pair}")
             return served
         matches = by_subscriber(self.view.values(), subscriber_id)
         if not matches:
-            raise NotFound(f"no subscriber {subscriber_id!r} at {pair}")
+            raise NotFound(f"no subscriber {echo(subscriber_id)} at {pair}")
         if len(matches) > 1:
             topics = ", ".join(m.topic for m in matches)
-            raise InvalidArgument(f"{subscriber_id!r} subscribes to topics {topics}: name the topic")
+            raise InvalidArgument(f"{echo(subscriber_id)} subscribes to topics {topics}: name the topic")
         return matches[0]
 
     async def request_switchover(self, subscriber_id: str, topic: str, to_broker_id: str) -> monitor_pb2.Switchover:
@@ -360,7 +360,7 @@ class Monitor:
             raise SwitchoverRunning(self._running_text(key))
         if to_broker_id and to_broker_id not in self.links:
             raise NotFound(
-                f"no broker {to_broker_id!r}; the pair is {' and '.join(self.links)} (SOKUTATSU_MONITOR_BROKERS)"
+                f"no broker {echo(to_broker_id)}; the pair is {' and '.join(self.links)} (SOKUTATSU_MONITOR_BROKERS)"
             )
         what = f"{served.subscriber_id} on {served.topic}"
         if not served.broker_id:

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from grpc import aio
 
-from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo
 from sokutatsu.core.settings import SettingsError, parse_name
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
@@ -168,7 +168,9 @@ def _name(raw: str, what: str) -> str:
     try:
         return parse_name(raw)
     except SettingsError as exc:
-        raise InvalidArgument(f"{what} {raw!r} is not a valid name: {exc}, starting with a letter or digit") from None
+        raise InvalidArgument(
+            f"{what} {echo(raw)} is not a valid name: {exc}, starting with a letter or digit"
+        ) from None
 
 
 def _required(value: str, field: str) -> str:
@@ -178,7 +180,9 @@ def _required(value: str, field: str) -> str:
 
 
 def _not_found(queue: str) -> NotFound:
-    return NotFound(f"queue {queue!r} does not exist on this node; create it with CreateQueue (ListQueues shows them)")
+    return NotFound(
+        f"queue {echo(queue)} does not exist on this node; create it with CreateQueue (ListQueues shows them)"
+    )
 
 
 def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
@@ -187,7 +191,7 @@ def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
     old, new = have.transfer, want.transfer
 
     def where(rule: queuedb_pb2.TransferRule) -> str:
-        return f"forwarding to node {rule.to_node!r}" if rule.to_node else "local"
+        return f"forwarding to node {echo(rule.to_node)}" if rule.to_node else "local"
 
     if old.to_node != new.to_node:
         return f"it is {where(old)} (asked: {where(new)})"
@@ -200,7 +204,7 @@ def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
         ("max_age_ms", old.max_age_ms, new.max_age_ms),
         ("durability", _durability(old), _durability(new)),
     ]
-    return ", ".join(f"{field} is {a!r} (asked: {b!r})" for field, a, b in pairs if a != b)
+    return ", ".join(f"{field} is {echo(a)} (asked: {echo(b)})" for field, a, b in pairs if a != b)
 
 
 def _validate_rule(queue: queuedb_pb2.Queue) -> None:
@@ -286,7 +290,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         difference = _difference(queue, wanted)
         if difference:
             raise AlreadyExists(
-                f"queue {name!r} already exists with other settings: {difference}; "
+                f"queue {echo(name)} already exists with other settings: {difference}; "
                 "use another name, or ask with the settings GetQueue shows"
             )
         return queuedb_pb2.CreateQueueResponse(queue=queue)
@@ -419,7 +423,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
             to_node, to_queue = rows[0][0], rows[0][1]
             if to_node:
                 raise FailedPrecondition(
-                    f"queue {name!r} forwards its messages to node {to_node!r} (queue {to_queue!r} there); "
+                    f"queue {echo(name)} forwards its messages to node {echo(to_node)} (queue {echo(to_queue)} there); "
                     "dequeue them on that node"
                 )
             messages = [_queue_message(name, row) for row in rows if row[2] is not None]

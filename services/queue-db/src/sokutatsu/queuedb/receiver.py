@@ -22,7 +22,7 @@ import psycopg
 from grpc import aio
 from psycopg import sql
 
-from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
+from sokutatsu.core.errors import FailedPrecondition, InvalidArgument, echo
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
 from sokutatsu.queuedb.text import refuse_nul
@@ -108,7 +108,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
             new = [m for m in messages if m.transfer_id > last]
             if new and new[0].transfer_id != last + 1:
                 raise FailedPrecondition(
-                    f"this node holds transfer ids from {sender} up to {last}; a batch starting at "
+                    f"this node holds transfer ids from {echo(sender)} up to {last}; a batch starting at "
                     f"{new[0].transfer_id} would leave a gap (ask GetRecoveryState and resend from {last + 1})"
                 )
             if new:
@@ -179,7 +179,7 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
                 )
                 if await cursor.fetchone() is None:
                     raise FailedPrecondition(
-                        f"gid {gid!r} is taken by a prepared transaction of another database on this node's "
+                        f"gid {echo(gid)} is taken by a prepared transaction of another database on this node's "
                         "PostgreSQL; gids must be unique per cluster"
                     ) from None
             return queuedb_pb2.PrepareBatchResponse()
@@ -231,7 +231,9 @@ def gid_prefix(sender: str) -> str:
 
 def _check_gid(gid: str, sender: str) -> str:
     if not gid.startswith(gid_prefix(sender) if sender else GID_PREFIX) or len(gid) > 200:
-        raise InvalidArgument(f"gid {gid[:60]!r} is not a Sokutatsu transfer gid ({gid_prefix(sender or 'sender')}…)")
+        raise InvalidArgument(
+            f"gid {echo(gid)} is not a Sokutatsu transfer gid ({echo(gid_prefix(sender or 'sender'))}…)"
+        )
     return gid
 
 

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.errors import InvalidArgument, echo
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,13 @@ def _refuse_map(entries: Any, text_keys: bool, values: str, path: tuple[str, ...
         if text_keys and "\x00" in key:
             _refused(path, f".{name}", key, "a key ")
         if values == "message":
-            _refuse(item, (*path, f".{name}[{key!r}]"))
+            _refuse(item, (*path, f".{name}[{echo(key)}]"))
         elif values == "string" and "\x00" in item:
-            _refused(path, f".{name}[{key!r}]", item)
+            _refused(path, f".{name}[{echo(key)}]", item)
 
 
 def _refused(path: tuple[str, ...], name: str, value: str, what: str = "") -> NoReturn:
-    shown = value[:40] + ("…" if len(value) > 40 else "")
     raise InvalidArgument(
-        f"{''.join(path)}{name} has {what}{shown!r} with a NUL character (\\x00), which PostgreSQL cannot "
+        f"{''.join(path)}{name} has {what}{echo(value)} with a NUL character (\\x00), which PostgreSQL cannot "
         "store; remove it"
     )

@@ -36,7 +36,7 @@ from grpc import aio
 from opentelemetry import trace
 
 from sokutatsu.client import Publisher
-from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable
+from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable, echo
 from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
 from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_deficit, weights_from_counts
@@ -141,7 +141,7 @@ class Sequencer:
     # -------------------------------------------------------------- stamping --
     def stamp(self, count: int, client: str, domain: str) -> sequencer_pb2.SequenceRange:
         if domain and domain != self.domain:
-            raise NotFound(f"this sequencer hands out numbers for domain {self.domain!r}, not {domain!r}")
+            raise NotFound(f"this sequencer hands out numbers for domain {self.domain!r}, not {echo(domain)}")
         if not 1 <= count <= self.settings.max_range:
             raise InvalidArgument(
                 f"a stamp request asks for 1 to {self.settings.max_range} numbers (SOKUTATSU_SEQUENCER_MAX_RANGE), "
