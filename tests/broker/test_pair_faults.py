@@ -339,3 +339,20 @@ async def test_a_subscriber_moved_with_a_backlog_loses_nothing_when_the_standby_
         desk.delay = 0.0
     desk.check({"feed": 2000})
     assert desk.brokers[-1] == "broker-a"
+
+
+async def test_a_refused_set_role_does_not_change_the_peer(pair_factory: Callable[..., Awaitable[Pair]]) -> None:
+    """Found in review: SetRole recorded its peer address before the epoch check, so a stale
+    (refused) decision still re-pointed the pair's link and pair.json."""
+    pair = await pair_factory()
+    async with aio.insecure_channel(pair.active.address) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        await control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=3), timeout=10)
+        with pytest.raises(aio.AioRpcError) as refused:
+            await control.SetRole(
+                broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=2, peer="127.0.0.1:9"),
+                timeout=10,
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (await _role(pair.active.address)).peer == pair.standby.address
+    assert "127.0.0.1:9" not in (pair.active.state_dir / "pair.json").read_text()

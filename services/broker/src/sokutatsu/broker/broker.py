@@ -108,6 +108,9 @@ class Broker:
             peer_timeout=settings.peer_timeout_ms / 1000,
             state_dir=settings.state_dir,
         )
+        # Publishers with a publish stream open here, and how many (normally one each): this broker
+        # gets everything they send, and any hole before was recorded when the stream opened.
+        self.streaming: dict[str, int] = {}
         # Called when the peer comes or goes (open publish streams send a fresh ack, so a
         # publisher waiting for the other broker learns it may count this one alone).
         self.peer_listeners: set[Callable[[], None]] = set()
@@ -397,6 +400,8 @@ class Broker:
             info = await self.peer_role() if self.peer else None
             if info is not None and info.role == ACTIVE:
                 raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why + "; the pair's link is down"))
+            if self.peer_up:  # the probe awaited: the peer's frames came back meanwhile
+                raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
             if self.role == STANDBY:  # the probe awaited: a frame or the monitor may have decided meanwhile
                 self.pair.promote_alone(f"{spec.subscriber_id} came while the peer is not heard from")
                 self._roles_changed()
@@ -527,6 +532,18 @@ class Broker:
         if rejection is not None:
             ack.rejected.append(rejection)
         return ack, [queue.written(queue.spill_appended) for queue in spilled]
+
+    def publish_stream_opened(self, publisher_id: str) -> None:
+        self.publisher_streams += 1
+        self.streaming[publisher_id] = self.streaming.get(publisher_id, 0) + 1
+
+    def publish_stream_closed(self, publisher_id: str) -> None:
+        """Synchronous: it must run even while the stream's handler is being cancelled."""
+        self.publisher_streams -= 1
+        if self.streaming.get(publisher_id, 0) <= 1:
+            self.streaming.pop(publisher_id, None)
+        else:
+            self.streaming[publisher_id] -= 1
 
     def _reject(self, first: int, last: int, why: str) -> broker_pb2.PublishRejection:
         self.rejected_total += last - first + 1
@@ -699,8 +716,8 @@ class Broker:
 
     def set_role(self, role: Role, epoch: int, peer: str) -> None:
         """The monitor's role change, fenced by epoch (pair_state.py)."""
-        self.pair.learn_peer(peer, "from the monitor")
         self.pair.set_by_monitor(role, epoch)
+        self.pair.learn_peer(peer, "from the monitor")  # only from a decision that was not refused
         self._roles_changed()
 
     def _roles_changed(self) -> None:
@@ -778,6 +795,8 @@ class Broker:
             if queue is None:
                 continue
             for publisher, seq in held.last_enqueued.last_seq.items():
+                if publisher in self.streaming:
+                    continue  # what the peer has more of is on its way here (or a recorded hole)
                 if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
                     raised += 1
             if queue.state == AWAY and not held.serves and self.role == ACTIVE:

@@ -130,8 +130,10 @@ async def _frames(
         version = broker.subscriptions_version
         session = broker.pair.session
         if marks or now - last_sent >= KEEPALIVE_SECONDS or version != subscriptions_sent or session != holdings_sent:
-            # Holdings are taken here, after the session opened (pair_state.py, invariant 4).
-            holdings = session != holdings_sent
+            # Holdings are taken here, after the session opened and only while this broker hears
+            # its peer (pair_state.py, invariant 4): taken earlier they could miss what it still
+            # acknowledges alone, and the peer would count itself synced on them.
+            holdings = session != holdings_sent and broker.peer_up
             yield broker_pb2.DeliveredWatermarks(
                 broker_id=broker.settings.instance,
                 subscribers=marks,

@@ -79,7 +79,7 @@ class DataPlane:
         client = self.limits.client(context)
         self.limits.open_stream(client, "Publish")
         self.broker.resume_publisher(publisher_id, state, first.open.first_unacked_seq)
-        self.broker.publisher_streams += 1
+        self.broker.publish_stream_opened(publisher_id)
         # Frames are stored as they arrive (a reader task); acknowledgements follow in order,
         # each once what it covers is durable where it has to be, merged when several are ready.
         acks: asyncio.Queue[tuple[broker_pb2.PublishAck, list[asyncio.Future[None]]] | None] = asyncio.Queue()
@@ -131,7 +131,7 @@ class DataPlane:
             await reader
         finally:
             # Count first: awaiting below may be cut short by a second cancellation.
-            self.broker.publisher_streams -= 1
+            self.broker.publish_stream_closed(publisher_id)
             self.limits.close_stream(client)
             self.broker.peer_listeners.discard(peer_changed)
             reader.cancel()
