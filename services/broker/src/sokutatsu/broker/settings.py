@@ -173,8 +173,9 @@ class BrokerSettings(ServiceSettings):
         "AWAY_TAIL",
         4 * 2**20,
         "While the standby serves a subscriber, the active keeps only its newest messages, up to this many "
-        "bytes (trimmed by what the subscriber acknowledges there): enough for a subscriber that caught up to "
-        "move back at once, and to lose nothing if the standby dies while it is within the tail.",
+        "bytes: the newest part of the backlog it held at the move, then what comes (trimmed by what the "
+        "subscriber acknowledges there). Enough for a subscriber that caught up to move back at once, and to "
+        "lose nothing if the standby dies while the subscriber is within the tail (0 = keep nothing).",
         parse_size,
     )
     # Limits per client (docs/security.md, Limits per connection). A client is the authenticated
