@@ -40,6 +40,10 @@ TOPIC = "chaos"
 FLOOD_TOPIC = "chaos-flood"
 ROLE_POLL_SECONDS = 0.05
 ROLE_RPC_SECONDS = 0.2
+# How long the fault meant to overlap a migration waits for the monitor to have moved the slow
+# subscriber (a link cut or another fault may hold the move back); past it the fault is taken
+# anyway and the schedule says whether a migration overlapped a fault.
+MIGRATION_WAIT_SECONDS = 15.0
 # Channels that notice a restarted broker within about 0.1 s (gRPC's default backoff is 1 s+).
 FAST_RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 50),
@@ -377,7 +381,25 @@ class ScheduleRun:
         else:
             self.background.append(asyncio.create_task(self._background(step)))
 
+    def slow_is_migrated(self) -> bool:
+        """Whether the monitor's last successful move of the slow subscriber sent it to the standby."""
+        moves = sorted(
+            (s for s in self.switchovers.values() if s["subscriber"] == "slow" and not s["error"]), key=lambda s: s["t"]
+        )
+        return bool(moves) and moves[-1]["reason"] == "SLOW"
+
+    async def _wait_migrated(self) -> tuple[float, bool]:
+        """Before the fault meant to overlap a migration: wait (bounded) until the monitor has moved
+        the slow subscriber (a link cut or a fault may have held the move back)."""
+        started = time.monotonic()
+        while not self.slow_is_migrated():
+            if time.monotonic() - started > MIGRATION_WAIT_SECONDS:
+                return time.monotonic() - started, True
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started, False
+
     async def _broker_fault(self, step: sched.Step) -> None:
+        migration_wait, migration_timed_out = await self._wait_migrated() if step.during_migration else (0.0, False)
         async with self.lock("brokers"):
             waited, timed_out, said = await self.cluster.wait_healthy_pair(self.cfg.settle_seconds)
             name = await self.cluster.broker_with_role(step.target)
@@ -403,6 +425,11 @@ class ScheduleRun:
                 duration=round(time.monotonic() - started, 3),
                 planned=step.duration,
                 during_migration=step.during_migration,
+                **(
+                    {"migration_wait_s": round(migration_wait, 2), "migration_wait_timed_out": migration_timed_out}
+                    if step.during_migration
+                    else {}
+                ),
                 settle_wait_s=round(waited, 2),
                 settle_timed_out=timed_out,
                 **({"settle_state": said} if timed_out else {}),
