@@ -45,8 +45,9 @@ FROM ${PYTHON_IMAGE} AS runtime
 # here and owned by it: Docker gives a new named volume the ownership of its mount point.
 RUN groupadd --system --gid 10001 sokutatsu \
     && useradd --system --uid 10001 --gid sokutatsu --create-home --home-dir /home/sokutatsu sokutatsu \
-    && mkdir -p /state /traces /reports \
-    && chown sokutatsu:sokutatsu /state /traces /reports
+    && mkdir -p /state /traces /reports /cluster \
+    && chown sokutatsu:sokutatsu /state /traces /reports \
+    && chmod 0700 /cluster && chown sokutatsu:sokutatsu /cluster
 # Owned by root: the service user can run it, not change it.
 COPY --from=builder /app/.venv /app/.venv
 ENV PATH=/app/.venv/bin:$PATH \

@@ -6,6 +6,12 @@ cluster started by this session (system initdb/pg_ctl, as the postgres user
 when root). See ``tests/fix_pg.py``.
 """
 
+import os
+import tempfile
+from pathlib import Path
+
+from sokutatsu.core.cluster import FILE_VAR, SECRET_VAR, make_file
+
 pytest_plugins = [
     "tests.fix_pg",
     "tests.broker.fix_broker",
@@ -15,3 +21,13 @@ pytest_plugins = [
     "tests.security.fix_tls",
     "tests.security.fix_auth",
 ]
+
+
+def pytest_configure(config: object) -> None:
+    """The session's cluster secret (docs/security.md): a file of its own, which every service the
+    tests start and every control channel they open (``open_channel(..., cluster=True)``) uses."""
+    if os.environ.get(SECRET_VAR) or os.environ.get(FILE_VAR):
+        return
+    path = Path(tempfile.mkdtemp(prefix="sokutatsu-cluster-")) / "cluster-secret"
+    make_file(path)
+    os.environ[FILE_VAR] = str(path)

@@ -157,17 +157,18 @@ async def served(
     auth: Policy | None = None,
     stop: asyncio.Event | None = None,
     limit: float = 30.0,
+    runtime: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:
-    """The shared bootstrap's ``serve()`` in this event loop on 127.0.0.1:0 with ``register``;
-    its address (from the announce file); stopped (``stop`` set, also by the caller to stop it
-    earlier), and awaited up to ``limit``, on exit."""
+    """The shared bootstrap's ``serve()`` in this event loop on 127.0.0.1:0 with ``register``
+    (``runtime`` overrides RuntimeSettings fields); its address (from the announce file); stopped
+    (``stop`` set, also by the caller to stop it earlier), and awaited up to ``limit``, on exit."""
     stop = stop or asyncio.Event()
     announce = tmp_path / f"announce-{id(stop)}.json"
     task = asyncio.create_task(
         serve(
             service="probe",
             settings=ServiceSettings(listen="127.0.0.1:0", instance="probe"),
-            runtime=RuntimeSettings(grace_seconds=grace, announce_file=announce),
+            runtime=RuntimeSettings(grace_seconds=grace, announce_file=announce, **(runtime or {})),
             register=register,
             listen_var="SOKUTATSU_PROBE_LISTEN",
             stop=stop,

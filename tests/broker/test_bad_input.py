@@ -14,6 +14,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.core.tls import open_channel
 from tests.broker.fix_broker import BrokerProcess
 from tests.broker.raw import batch, message, open_publish, open_subscribe, publish
 
@@ -190,7 +191,7 @@ async def test_a_publisher_killed_mid_stream_loses_nothing_acknowledged(
 
 
 async def test_control_rpcs_refuse_bad_requests(broker: BrokerProcess) -> None:
-    async with aio.insecure_channel(broker.address) as channel:
+    async with open_channel(broker.address, cluster=True) as channel:
         control = broker_pb2_grpc.BrokerControlStub(channel)
         role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
         assert (role.broker_id, role.role, role.peer_up) == ("broker-a", broker_pb2.BROKER_ROLE_ACTIVE, False)

@@ -17,6 +17,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import BufferFull, Publisher, Subscriber
+from sokutatsu.core.tls import open_channel
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,7 +30,7 @@ def _covers(position: dict[str, int], floor: dict[str, int]) -> bool:
 
 async def switch(source: BrokerProcess, target: BrokerProcess, target_id: str, subscriber_id: str) -> int:
     """The four steps, as the monitor runs them; returns how many times step 1 was asked."""
-    async with aio.insecure_channel(source.address) as s_ch, aio.insecure_channel(target.address) as t_ch:
+    async with open_channel(source.address, cluster=True) as s_ch, open_channel(target.address, cluster=True) as t_ch:
         src, dst = broker_pb2_grpc.BrokerControlStub(s_ch), broker_pb2_grpc.BrokerControlStub(t_ch)
         subs = await broker_pb2_grpc.BrokerAdminStub(s_ch).ListSubscriptions(
             broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
@@ -227,7 +228,7 @@ async def test_kill9_of_the_active_mid_stream_fails_over_with_nothing_lost(
 
 
 async def _role(address: str) -> broker_pb2.RoleInfo:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         info: broker_pb2.RoleInfo = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
             broker_pb2.GetRoleRequest(), timeout=10
         )
@@ -305,7 +306,7 @@ async def test_only_the_standby_spills_for_a_migrated_subscriber(
 
 
 async def _subscriptions(address: str) -> set[str]:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         listed = await broker_pb2_grpc.BrokerAdminStub(channel).ListSubscriptions(
             broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
         )
@@ -314,7 +315,7 @@ async def _subscriptions(address: str) -> set[str]:
 
 async def _create_on(address: str, subscriber_id: str) -> None:
     spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate").subscription
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
             broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10
         )
@@ -376,7 +377,7 @@ async def test_a_subscription_deleted_on_one_broker_is_not_brought_back_by_the_p
     pair = await pair_factory()
     await _create_on(pair.active.address, "gone")
     await until(lambda: _has(pair.standby.address, "gone"), "the subscription to reach the standby")
-    async with aio.insecure_channel(pair.standby.address) as channel:
+    async with open_channel(pair.standby.address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerAdminStub(channel).DeleteSubscription(
             broker_pb2.DeleteSubscriptionRequest(topic=TOPIC, subscriber_id="gone"), timeout=10
         )

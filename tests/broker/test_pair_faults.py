@@ -18,6 +18,7 @@ from sokutatsu.broker.pair_state import MAX_EPOCH
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.chaos_proxy import LinkProxy
 from sokutatsu.client import BufferFull, Publisher
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
 from tests.broker import raw
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
@@ -90,7 +91,7 @@ async def test_a_restarted_active_comes_back_as_standby_at_its_epoch(
     the epoch it had recorded."""
     pair = await pair_factory()
     # Promote broker-b the way the monitor does, and let broker-a step down.
-    async with aio.insecure_channel(pair.standby.address) as channel:
+    async with open_channel(pair.standby.address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
             broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=5, peer=pair.active.address),
             timeout=10,
@@ -101,7 +102,7 @@ async def test_a_restarted_active_comes_back_as_standby_at_its_epoch(
 
     await until(demoted, "broker-a to step down for broker-b's newer epoch")
     # broker-b dies, the monitor makes broker-a active again; then broker-a dies and comes back.
-    async with aio.insecure_channel(pair.active.address) as channel:
+    async with open_channel(pair.active.address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
             broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=6), timeout=10
         )
@@ -119,7 +120,7 @@ async def test_an_epoch_the_pair_cannot_carry_is_refused(pair_factory: Callable[
     monitor's next epoch (+1) could not be encoded. Epochs above 2^62 are refused, naming the limit,
     and a peer's frame cannot carry one either."""
     pair = await pair_factory()
-    async with aio.insecure_channel(pair.standby.address) as channel:
+    async with open_channel(pair.standby.address, cluster=True) as channel:
         control = broker_pb2_grpc.BrokerControlStub(channel)
         with pytest.raises(aio.AioRpcError) as refused:
             await control.SetRole(
@@ -180,7 +181,7 @@ async def test_a_paused_active_steps_down_before_it_answers_again(
         await until(heard, "the brokers to hear each other")
         a.freeze()
         link.cut()
-        async with aio.insecure_channel(b.address) as channel:
+        async with open_channel(b.address, cluster=True) as channel:
             await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
                 broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=5), timeout=10
             )
@@ -268,7 +269,10 @@ async def test_a_release_waiting_for_a_slow_redirected_stream_is_refused_within_
     and succeeds once the stream has ended."""
     pair = await pair_factory()
     subscription = broker_pb2.Subscription(subscriber_id="stuck", topic=TOPIC, durable=True)
-    async with aio.insecure_channel(pair.active.address) as a_ch, aio.insecure_channel(pair.standby.address) as b_ch:
+    async with (
+        open_channel(pair.active.address, cluster=True) as a_ch,
+        open_channel(pair.standby.address, cluster=True) as b_ch,
+    ):
         for channel in (a_ch, b_ch):
             await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
                 broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=10
@@ -345,7 +349,7 @@ async def test_a_refused_set_role_does_not_change_the_peer(pair_factory: Callabl
     """Found in review: SetRole recorded its peer address before the epoch check, so a stale
     (refused) decision still re-pointed the pair's link and pair.json."""
     pair = await pair_factory()
-    async with aio.insecure_channel(pair.active.address) as channel:
+    async with open_channel(pair.active.address, cluster=True) as channel:
         control = broker_pb2_grpc.BrokerControlStub(channel)
         await control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=3), timeout=10)
         with pytest.raises(aio.AioRpcError) as refused:

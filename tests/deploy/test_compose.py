@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from sokutatsu.cli.settings import ALL_SETTINGS
 from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.core.cluster import FILE_VAR, ClusterSettings
 from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, describe, load
 
@@ -82,9 +83,20 @@ def ours(name: str) -> bool:
     return "build" in services()[name]
 
 
+def jobs() -> set[str]:
+    """One-shot services `docker compose up` runs before the others (making the cluster secret):
+    those another service waits for with ``service_completed_successfully``."""
+    return {
+        other
+        for spec in services().values()
+        for other, condition in (spec.get("depends_on") or {}).items()
+        if condition == {"condition": "service_completed_successfully"}
+    }
+
+
 def long_running() -> list[str]:
-    """Services `docker compose up` starts (jobs live under a profile)."""
-    return [name for name, spec in services().items() if not spec.get("profiles")]
+    """Services `docker compose up` starts and keeps (jobs run once, or live under a profile)."""
+    return [name for name, spec in services().items() if not spec.get("profiles") and name not in jobs()]
 
 
 def listen(name: str) -> str:
@@ -151,7 +163,7 @@ def test_environment_names_are_known_settings(name: str) -> None:
     """SOKUTATSU_* names are the service's own or every process's; values parse; OTEL_* names are the SDK's."""
     env = environment(name)
     spec = topology().get(name)
-    runtime_names = {knob.env for knob in describe(RuntimeSettings)}
+    runtime_names = {knob.env for knob in describe(RuntimeSettings)} | {knob.env for knob in describe(ClusterSettings)}
     for key in env:
         if key.startswith("OTEL_"):
             assert key in otel_names(), f"{name}: {key} is not an OpenTelemetry SDK variable"
@@ -160,6 +172,7 @@ def test_environment_names_are_known_settings(name: str) -> None:
             assert own or key in runtime_names, f"{name}: {key} is read by no settings class of this process"
     # The services' own loading: refuses unknown names under the prefixes and malformed values.
     load(RuntimeSettings, env)
+    load(ClusterSettings, env)
     if spec is not None:
         load(settings_class(spec.prefix), env)
 
@@ -199,8 +212,22 @@ def test_depends_on_waits_for_health(name: str) -> None:
     for other, condition in depends_on(name).items():
         assert other in services(), f"{name} depends on {other}, which is not a service"
         assert not services()[other].get("profiles"), f"{name} depends on {other}, which only runs in a profile"
-        wanted = "service_healthy" if services()[other].get("healthcheck") else "service_started"
+        if other in jobs():
+            wanted = "service_completed_successfully"
+        else:
+            wanted = "service_healthy" if services()[other].get("healthcheck") else "service_started"
         assert condition == {"condition": wanted}, f"{name} -> {other}: expected condition {wanted}"
+
+
+def test_every_service_reads_the_cluster_secret_from_the_job_that_makes_it() -> None:
+    """Issue #20: control RPCs need the cluster secret; compose makes one on its first `up`."""
+    (job,) = jobs()
+    assert services()[job]["command"] == ["sokutatsu", "cluster-secret", "--file", "/cluster/secret"]
+    volume = mounts(job)["/cluster"]
+    for name in topology():
+        assert environment(name)[FILE_VAR] == "/cluster/secret", name
+        assert mounts(name)["/cluster"] == volume, name
+        assert depends_on(name)[job] == {"condition": "service_completed_successfully"}, name
 
 
 def test_depends_on_has_no_cycle() -> None:

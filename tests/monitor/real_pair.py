@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.broker_link import BrokerLink
 from sokutatsu.monitor.settings import BrokerEndpoint
 from tests.broker.fix_broker import BrokerProcess, Pair, stats
@@ -126,7 +127,7 @@ class RealEnd:
 
     async def set_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, peer: str) -> broker_pb2.RoleInfo:
         """A role change by hand (setting up what a scenario's frames say), not recorded."""
-        async with aio.insecure_channel(self.address) as channel:
+        async with open_channel(self.address, cluster=True) as channel:
             info: broker_pb2.RoleInfo = await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
                 broker_pb2.SetRoleRequest(role=role, epoch=epoch, peer=peer), timeout=10
             )
@@ -144,7 +145,7 @@ class RealEnd:
 
     async def acked(self, subscriber_id: str, topic: str) -> dict[str, int]:
         """The switch position (what the subscriber acknowledged here), asked directly."""
-        async with aio.insecure_channel(self.address) as channel:
+        async with open_channel(self.address, cluster=True) as channel:
             reply = await broker_pb2_grpc.BrokerControlStub(channel).GetSwitchPosition(
                 broker_pb2.GetSwitchPositionRequest(subscriber_id=subscriber_id, topic=topic), timeout=10
             )
@@ -172,7 +173,7 @@ class RawSubscriber:
     async def open(
         cls, address: str, subscriber_id: str, topic: str, position: dict[str, int] | None = None
     ) -> RawSubscriber:
-        channel = aio.insecure_channel(address)
+        channel = open_channel(address, cluster=True)
         call: SubscribeCall = channel.stream_stream(
             "/sokutatsu.broker.v1.Broker/Subscribe",
             request_serializer=_serialize,
@@ -249,7 +250,7 @@ class RealPair:
 
     async def create(self, subscriber_id: str, topic: str) -> None:
         """A durable migrate-mode subscription, made on the active; waits until the standby has it too."""
-        async with aio.insecure_channel(self.active.address) as channel:
+        async with open_channel(self.active.address, cluster=True) as channel:
             await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
                 broker_pb2.CreateSubscriptionRequest(subscription=subscription(subscriber_id, topic)),
                 timeout=10,
@@ -261,7 +262,7 @@ class RealPair:
         await until(on_both, f"the standby to hold {subscriber_id}'s subscription")
 
     async def delete(self, end: RealEnd, subscriber_id: str, topic: str) -> None:
-        async with aio.insecure_channel(end.address) as channel:
+        async with open_channel(end.address, cluster=True) as channel:
             await broker_pb2_grpc.BrokerAdminStub(channel).DeleteSubscription(
                 broker_pb2.DeleteSubscriptionRequest(subscriber_id=subscriber_id, topic=topic), timeout=10
             )
@@ -269,7 +270,7 @@ class RealPair:
     async def publish(self, topic: str, counts: dict[str, int]) -> None:
         """Publish ``counts[p]`` messages of each publisher ``p`` (numbered from 1) to both brokers, as the SDK does."""
         for end in (self.active, self.standby):
-            async with aio.insecure_channel(end.address) as channel:
+            async with open_channel(end.address, cluster=True) as channel:
                 for publisher, count in counts.items():
                     call, _ = await open_publish(channel, publisher)
                     ack = await publish(call, batch(topic, [message(publisher, seq) for seq in range(1, count + 1)]))

@@ -20,6 +20,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.pair import MAX_EPOCH
 from sokutatsu.monitor.v1 import monitor_pb2
 from tests.broker.fix_broker import BrokerProcess
@@ -72,7 +73,7 @@ async def _until_logged(monitor: MonitorProcess, text: str) -> str:
 
 
 async def _set_role(address: str, role: broker_pb2.BrokerRole.ValueType, epoch: int) -> None:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerControlStub(channel).SetRole(
             broker_pb2.SetRoleRequest(role=role, epoch=epoch), timeout=10
         )
@@ -136,7 +137,7 @@ STREAM_LIMIT = 1000
 async def _flood(address: str, count: int) -> AsyncIterator[tuple[int, int]]:
     """``count`` Subscribe streams on one channel (as ``sokutatsu chaos`` floods); yields
     (accepted, refused) once each has its answer, and holds them open until the block ends."""
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         stub = broker_pb2_grpc.BrokerStub(channel)
         calls = []
 
@@ -162,7 +163,7 @@ async def _flood(address: str, count: int) -> AsyncIterator[tuple[int, int]]:
 
 
 async def _broker_stats(address: str) -> broker_pb2.BrokerStats:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         stats: broker_pb2.BrokerStats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
             broker_pb2.GetStatsRequest(), timeout=10
         )

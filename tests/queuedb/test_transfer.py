@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from grpc import aio
 
+from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb import transferd
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.transferd import _DEFERRED_DUE
@@ -227,7 +228,7 @@ async def test_replayed_and_out_of_order_batches_are_detected(two_nodes: tuple[s
     _, node2, receiver, _ = two_nodes
     receiver.start()
     assert receiver.proc is not None
-    async with aio.insecure_channel(receiver.proc.address) as channel:
+    async with open_channel(receiver.proc.address, cluster=True) as channel:
         stub = queuedb_pb2_grpc.TransferStub(channel)
         first = await stub.Deliver(_batch(1, 10), timeout=30)
         replay = await stub.Deliver(_batch(1, 10), timeout=30)
@@ -260,7 +261,7 @@ async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, No
     _, node2, receiver, _ = two_nodes
     receiver.start()
     assert receiver.proc is not None
-    async with aio.insecure_channel(receiver.proc.address) as channel:
+    async with open_channel(receiver.proc.address, cluster=True) as channel:
         stub = queuedb_pb2_grpc.TransferStub(channel)
         for gid, batch in (("sokutatsu:node9:node2:1", _batch(1, 3)), ("sokutatsu:node9:node2:2", _batch(4, 5))):
             await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=30)
@@ -316,7 +317,7 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     await _until(lambda: len(queue_bodies(node2)) >= len(first), "the first part", (receiver, daemon), (node1, node2))
     _set_connections(pg_dsn, node2, allowed=False)
     try:
-        async with aio.insecure_channel(receiver.proc.address) as channel:
+        async with open_channel(receiver.proc.address, cluster=True) as channel:
             stub = queuedb_pb2_grpc.TransferStub(channel)
             with pytest.raises(aio.AioRpcError) as down:
                 await stub.GetRecoveryState(queuedb_pb2.GetRecoveryStateRequest(sender_node="node1"), timeout=60)

@@ -50,12 +50,14 @@ from psycopg import sql
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.core.auth_rules import is_control
 from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import BrokerProcess
+from tests.cluster_channel import cluster_channel
 from tests.helpers import ServiceProc, ensure_stopped, start_service
 from tests.monitor.fix_monitor import MonitorProcess, brokers_setting
 from tests.security.fuzz_proto import malformed, messages, path, request_class
@@ -248,12 +250,14 @@ class Target:
     alive: Callable[[], bool]
     log: Callable[[], str]
     loop: LoopThread
-    channel: grpc.Channel | None = None
+    channel: grpc.Channel | None = None  # control calls carry the cluster secret
+    bare: grpc.Channel | None = None  # no cluster secret
     canary: Canary | None = None
     log_seen: int = 0  # how much of the log was checked already
 
     def open(self) -> None:
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = cluster_channel(self.address)
+        self.bare = grpc.insecure_channel(self.address)
 
     def unharmed(self) -> str:
         """'' when the process is alive, SERVING, has logged no traceback, and its canary is well."""
@@ -401,8 +405,9 @@ class Targets:
 
     def close(self) -> None:
         for target in self.started.values():
-            if target.channel is not None:
-                target.channel.close()
+            for channel in (target.channel, target.bare):
+                if channel is not None:
+                    channel.close()
         for cleanup in reversed(self.cleanups):
             cleanup()
         self.loop.close()
@@ -575,12 +580,23 @@ def _shown(method: MethodDescriptor, frame: bytes) -> str:
         return repr(frame[:200])
 
 
-def _fuzz(targets: Targets, method: MethodDescriptor, frames: st.SearchStrategy[list[bytes]], examples: int) -> None:
+def _fuzz(
+    targets: Targets,
+    method: MethodDescriptor,
+    frames: st.SearchStrategy[list[bytes]],
+    examples: int,
+    *,
+    secret: bool = True,
+) -> None:
+    """``examples`` calls of ``frames``; each must end with a documented code. Without ``secret``
+    (a caller without the cluster secret) a control RPC must be refused ``UNAUTHENTICATED``, every time."""
     served_by = SERVED_BY[method.containing_service.full_name]
     target = targets.get(served_by)
     documented = DOCUMENTED | ALSO_DOCUMENTED.get(served_by, set())
-    assert target.channel is not None
-    channel = target.channel
+    if not secret and is_control(path(method)):
+        documented = {grpc.StatusCode.UNAUTHENTICATED}
+    channel = target.channel if secret else target.bare
+    assert channel is not None
     refused: list[str] = []
 
     @settings(
@@ -614,6 +630,48 @@ def test_fuzzed_requests(targets: Targets, method: MethodDescriptor) -> None:
 @pytest.mark.parametrize("method", METHODS, ids=path)
 def test_malformed_frames(targets: Targets, method: MethodDescriptor) -> None:
     _fuzz(targets, method, _frames(method, malformed(method.input_type)), RAW_EXAMPLES)
+
+
+CONTROL_METHODS = [m for m in METHODS if is_control(path(m))]
+
+
+@pytest.mark.parametrize("method", CONTROL_METHODS, ids=path)
+def test_control_rpcs_need_the_cluster_secret(targets: Targets, method: MethodDescriptor) -> None:
+    """Issue #20: the control plane was open to anyone reaching a port while auth was off. Without
+    the cluster secret, or with another one, every control RPC is UNAUTHENTICATED, whatever is sent."""
+    target = targets.get(SERVED_BY[method.containing_service.full_name])
+    assert target.bare is not None
+    assert target.channel is not None
+    empty = [request_class(method)().SerializeToString()]
+    code, details = invoke(target.bare, method, empty)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+    assert "it needs the cluster secret" in details
+    assert "clients never call it" in details
+    wrong_secret = "not-the-cluster-secret-0123456789"  # noqa: S105 - a wrong one, on purpose
+    with cluster_channel(target.address, secret=wrong_secret) as wrong:
+        code, details = invoke(wrong, method, empty)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+    assert "is not this service's" in details
+    code, details = invoke(target.channel, method, empty)  # with the secret: through to the service
+    assert code != grpc.StatusCode.UNAUTHENTICATED, details
+    _fuzz(targets, method, _valid_frames(method), max(EXAMPLES // 4, 5), secret=False)
+
+
+def test_a_fake_sender_cannot_inject_a_message(targets: Targets) -> None:
+    """The issue's attack: a Deliver from outside the cluster created a queue and stored a message."""
+    target = targets.get("queuedb")
+    assert target.bare is not None
+    assert target.channel is not None
+    message = queuedb_pb2.TransferredMessage(transfer_id=1, queue="injected", body=b"x")
+    with pytest.raises(grpc.RpcError) as refused:
+        queuedb_pb2_grpc.TransferStub(target.bare).Deliver(
+            queuedb_pb2.TransferBatch(sender_node="intruder", messages=[message]), timeout=RPC_SECONDS
+        )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    queues = queuedb_pb2_grpc.QueueServiceStub(target.bare).ListQueues(
+        queuedb_pb2.ListQueuesRequest(), timeout=RPC_SECONDS
+    )
+    assert "injected" not in [q.name for q in queues.queues]
 
 
 def test_transfer_numbers_over_a_bigint_are_refused(targets: Targets) -> None:

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.embedded_pg import create_database, database_dsn
 from sokutatsu.core.health import check, wait_serving
+from sokutatsu.core.tls import open_channel
 from sokutatsu.core.v1 import process_pb2, process_pb2_grpc
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -27,7 +28,7 @@ GRACE_SECONDS = 2.0
 
 
 async def _reflected(address: str) -> set[str]:
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         names: set[str] = set()
@@ -38,7 +39,7 @@ async def _reflected(address: str) -> set[str]:
 
 async def _first_call(module: str, address: str) -> tuple[grpc.StatusCode, str]:
     """One call into each service's own API: its status code and details."""
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, cluster=True) as channel:
         try:
             if module == "sokutatsu.broker":
                 # A role change without a role: refused with a reason.
@@ -122,7 +123,7 @@ def test_service_serves_then_stops_on_sigterm(started: ServiceProc, request: pyt
         for name in SERVICES[module]:
             assert await check(started.address, name) == "SERVING"
         assert {*SERVICES[module], "sokutatsu.core.v1.Process"} <= await _reflected(started.address)
-        async with aio.insecure_channel(started.address) as channel:
+        async with open_channel(started.address, cluster=True) as channel:
             figures = await process_pb2_grpc.ProcessStub(channel).GetProcessStats(
                 process_pb2.GetProcessStatsRequest(), timeout=10
             )

@@ -30,6 +30,7 @@ from sokutatsu.cli import (
 from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.core.cluster import cluster_secret_source, load_secret
 from sokutatsu.core.embedded_pg import PostgresSettings, provide_postgres
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.runtime_settings import RuntimeSettings
@@ -159,9 +160,12 @@ def _up_guarded(ports: Ports, check_only: bool, signals: StopSignals) -> int:
         launcher = load(LauncherSettings)
         runtime = load(RuntimeSettings)
         pg = load(PostgresSettings)
+        # Taken from the environment, else the user's file, made now if missing: the services read it too.
+        load_secret(create=True)
     except SettingsError as exc:
         signals.calm()
         _fail(str(exc), 2)
+    console.print(f"cluster secret: {cluster_secret_source()} (the services' control RPCs need it; clients do not)")
     state_dir = launcher.state_dir.resolve()
     options = _Options(ports=ports, check_only=check_only, grace=runtime.grace_seconds)
     # The embedded cluster says where it lives and on which port.
@@ -242,6 +246,7 @@ app.command()(client_commands.subscribe)
 app.command()(status_command.status)
 app.command()(analyze_command.analyze)
 app.command()(certs.certs)
+app.command("cluster-secret")(auth_command.cluster_secret)
 app.command()(chaos.chaos)
 auth_app = typer.Typer(help="Tokens and policy files for authentication (docs/security.md).", no_args_is_help=True)
 auth_app.command("token")(auth_command.auth_token)

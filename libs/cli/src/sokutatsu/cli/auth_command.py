@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from sokutatsu.core.auth import new_token, read_policy
+from sokutatsu.core.cluster import FILE_VAR, load_secret, make_file, secret_file
 from sokutatsu.core.settings import SettingsError
 
 
@@ -36,3 +37,25 @@ def auth_check(
         roles = [r for r, on in (("admin", principal.admin), ("service", principal.service)) if on]
         grants = [f"{k}={','.join(v)}" for k, v in principal.grants.items() if v]
         typer.echo(f"{name}: {' '.join(roles + grants) or '(no grants)'}")
+
+
+def cluster_secret(
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", help=f"Where to keep it [default: {FILE_VAR}, else ~/.sokutatsu/cluster-secret]."),
+    ] = None,
+) -> None:
+    """Make the cluster secret file if it is missing (mode 0600), check it, and print where it is.
+
+    The services show the secret to each other on control RPCs (docs/security.md, The cluster secret);
+    give every service of the cluster the same file (SOKUTATSU_CLUSTER_SECRET_FILE). The secret itself is
+    never printed.
+    """
+    path = (file or secret_file()).expanduser()
+    try:
+        made = make_file(path)
+        load_secret(create=False, environ={FILE_VAR: str(path)})
+    except (SettingsError, OSError) as exc:
+        typer.echo(f"sokutatsu: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{'made' if made else 'kept'} {path}")

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.core.auth import AuthSettings
+from sokutatsu.core.cluster import ClusterSettings
 from sokutatsu.core.embedded_pg import PostgresSettings
 from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, setting
@@ -35,6 +36,7 @@ ALL_SETTINGS: list[tuple[str, type[Settings]]] = [
     ("Every process", RuntimeSettings),
     ("TLS (every service and client, docs/security.md)", TlsSettings),
     ("Authentication and authorisation (every service and client, docs/security.md)", AuthSettings),
+    ("The cluster secret (every service; docs/security.md)", ClusterSettings),
     ("Launcher (sokutatsu up)", LauncherSettings),
     ("PostgreSQL (launcher and tests)", PostgresSettings),
     ("Broker", BrokerSettings),

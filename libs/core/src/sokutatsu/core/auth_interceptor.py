@@ -27,6 +27,7 @@ from sokutatsu.core.auth import ADMIN, FILE_VAR, TOKEN_VAR, Policy, Principal
 from sokutatsu.core.auth_rules import RULES, Check, Rule, is_open
 from sokutatsu.core.errors import echo
 from sokutatsu.core.interceptors import Undecodable, rewrap
+from sokutatsu.core.request_budget import Oversize
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                 method,
                 f"{method} has no authorisation rule, so nobody may call it",
             )
-        if isinstance(request, Undecodable):
+        if isinstance(request, (Undecodable, Oversize)):
             request = None  # checked as a stream's opening is; the servicer's guard refuses it (INVALID_ARGUMENT)
         resource = rule.resource(request) if rule.resource is not None and request is not None else None
         subscriber = rule.subscriber(request) if rule.subscriber is not None and request is not None else None

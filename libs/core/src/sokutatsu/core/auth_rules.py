@@ -122,6 +122,13 @@ RULES: Mapping[str, Rule] = {
 }
 
 
+def is_control(method: str) -> bool:
+    """A control RPC: between the suite's services only (rule ``service``), so it needs the cluster
+    secret whether auth is on or off (:mod:`sokutatsu.core.cluster`)."""
+    rule = RULES.get(method)
+    return rule is not None and rule.permission == SERVICE
+
+
 def is_open(method: str) -> bool:
     """Health and reflection answer anyone."""
     return method.startswith(OPEN_PREFIXES)

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from sokutatsu.core.errors import InvalidArgument, SokutatsuError
+from sokutatsu.core.request_budget import Oversize, RequestBudget
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,19 @@ class Undecodable:
         )
 
 
-def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def _lenient(
+    deserializer: Callable[[bytes], Any] | None, budget: RequestBudget | None
+) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
     owner = getattr(deserializer, "__self__", None)  # Message.FromString is a classmethod
     kind = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "request message")
 
     def parse(raw: bytes) -> Any:
+        if budget is not None:
+            over = budget.take(kind, len(raw))
+            if over is not None:
+                return over  # not parsed: the guard refuses it
         try:
             return deserializer(raw)
         except DecodeError as exc:
@@ -74,38 +81,54 @@ def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], A
     return parse
 
 
-async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _decoded(requests: AsyncIterator[Any], budget: RequestBudget | None) -> AsyncIterator[Any]:
     async for request in requests:
-        if isinstance(request, Undecodable):
+        if isinstance(request, (Undecodable, Oversize)):
             raise request.refusal()
         yield request
+        if budget is not None:
+            budget.release()  # the handler asks for the next frame: it is done with this one
 
 
-def _checked(request: Any, request_stream: bool) -> Any:
-    """The request, refused if it did not decode; a request stream refuses each frame that did not."""
-    if isinstance(request, Undecodable):
+def _checked(request: Any, request_stream: bool, budget: RequestBudget | None) -> Any:
+    """The request, refused if it did not decode or is over the budget; a request stream refuses
+    each frame that did not or is."""
+    if isinstance(request, (Undecodable, Oversize)):
         raise request.refusal()
-    return _decoded(request) if request_stream else request
+    return _decoded(request, budget) if request_stream else request
 
 
-def _guard(behavior: _Behavior, method: str, request_stream: bool) -> _Behavior:
+def _entered(budget: RequestBudget | None, method: str, context: aio.ServicerContext[Any, Any]) -> None:
+    """Count the call against its connection (refused when that is over its share)."""
+    if budget is not None:
+        over = budget.enter(f"request of {method}", context.peer())
+        if over is not None:
+            raise over.refusal()
+
+
+def _guard(behavior: _Behavior, method: str, request_stream: bool, budget: RequestBudget | None) -> _Behavior:
     if inspect.isasyncgenfunction(behavior):
 
         async def guarded_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             try:
-                request = _checked(request, request_stream)
+                request = _checked(request, request_stream, budget)
+                _entered(budget, method, context)
                 async for item in behavior(request, context):
                     yield item
             except aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every error must become a status
                 await _abort(context, exc, method)
+            finally:
+                if budget is not None and not request_stream:
+                    budget.release()
 
         return guarded_stream
 
     async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
-            request = _checked(request, request_stream)
+            request = _checked(request, request_stream, budget)
+            _entered(budget, method, context)
             result = behavior(request, context)
             if inspect.isawaitable(result):
                 result = await result
@@ -113,13 +136,20 @@ def _guard(behavior: _Behavior, method: str, request_stream: bool) -> _Behavior:
             raise
         except Exception as exc:  # noqa: BLE001 - every error must become a status
             await _abort(context, exc, method)
+        finally:
+            if budget is not None and not request_stream:
+                budget.release()
         return result
 
     return guarded
 
 
 class DomainErrorInterceptor(aio.ServerInterceptor):
-    """Wraps every handler so domain errors become status codes."""
+    """Wraps every handler so domain errors become status codes, and counts the request bytes it
+    holds against ``budget`` (:mod:`sokutatsu.core.request_budget`), when given."""
+
+    def __init__(self, budget: RequestBudget | None = None) -> None:
+        self.budget = budget
 
     async def intercept_service(
         self,
@@ -131,8 +161,8 @@ class DomainErrorInterceptor(aio.ServerInterceptor):
             return handler
         return rewrap(
             handler,
-            lambda behavior, request_stream: _guard(behavior, handler_call_details.method, request_stream),
-            request_deserializer=_lenient(handler.request_deserializer),
+            lambda behavior, request_stream: _guard(behavior, handler_call_details.method, request_stream, self.budget),
+            request_deserializer=_lenient(handler.request_deserializer, self.budget),
         )
 
 

@@ -35,13 +35,15 @@ class ProcessServicer(process_pb2_grpc.ProcessServicer):
         instance: str,
         *,
         violations: collections.Counter[str] | None = None,
+        auth: bool = False,
         tls: bool = False,
     ) -> None:
         self._service = service
         self._instance = instance
         self._started = time.monotonic()
-        # The auth interceptor's counter of refusals by status code name (None: auth off).
+        # Refusals by status code name: auth's and the cluster secret's (core.cluster).
         self._violations = violations
+        self._auth = auth
         self._tls = tls
 
     def stats(self) -> process_pb2.ProcessStats:
@@ -55,7 +57,7 @@ class ProcessServicer(process_pb2_grpc.ProcessServicer):
             auth_refusals=sum(violations.values()),
             unauthenticated=violations["UNAUTHENTICATED"],
             permission_denied=violations["PERMISSION_DENIED"],
-            auth=self._violations is not None,
+            auth=self._auth,
             tls=self._tls,
         )
 

@@ -28,6 +28,33 @@ MIN_MAX_FRAME_BYTES = 4 * 2**20
 MAX_MAX_FRAME_BYTES = 1 * 2**30
 
 
+# SOKUTATSU_<SERVICE>_MAX_REQUEST_BYTES: the largest request a service takes. Services whose requests
+# are small (the monitor's and the sequencers' are names, ids and counts) take at most SMALL_REQUESTS.
+SMALL_REQUESTS = 2 * 2**20
+MIN_MAX_REQUEST_BYTES = 64 * 2**10
+
+
+def parse_request_bytes(raw: str) -> int:
+    value = parse_size(raw)
+    if not MIN_MAX_REQUEST_BYTES <= value <= MAX_MAX_FRAME_BYTES:
+        raise SettingsError("expected 64KiB to 1GiB")
+    return value
+
+
+def request_setting(default: int) -> int:
+    """A service's ``MAX_REQUEST_BYTES`` setting (docs/security.md, Memory under large requests)."""
+    small = " This service's requests are small, so HTTP/2 BDP probing is off too." if default <= SMALL_REQUESTS else ""
+    value: int = setting(
+        "MAX_REQUEST_BYTES",
+        default,
+        "Largest request message (or frame of a request stream) this service accepts, 64KiB to 1GiB; never more than "
+        "SOKUTATSU_MAX_FRAME_BYTES. gRPC refuses a larger one with RESOURCE_EXHAUSTED from its length prefix, "
+        "before reading it." + small,
+        parse_request_bytes,
+    )
+    return value
+
+
 def parse_frame_bytes(raw: str) -> int:
     value = parse_size(raw)
     if not MIN_MAX_FRAME_BYTES <= value <= MAX_MAX_FRAME_BYTES:
@@ -49,6 +76,7 @@ SERVICE_PREFIXES: tuple[str, ...] = (
     "SOKUTATSU_PG_",
     "SOKUTATSU_TLS_",
     "SOKUTATSU_AUTH_",
+    "SOKUTATSU_CLUSTER_",
 )
 # Names directly under SOKUTATSU_ read by a class other than RuntimeSettings (the launcher's).
 LAUNCHER_NAMES: frozenset[str] = frozenset({"SOKUTATSU_STATE_DIR"})
@@ -106,6 +134,22 @@ class RuntimeSettings(Settings):
         "(docs/security.md, Limits per connection).",
         parse_frame_bytes,
     )
+    max_request_bytes_in_flight: int = setting(
+        "MAX_REQUEST_BYTES_IN_FLIGHT",
+        256 * 2**20,
+        "Most bytes of requests a service holds decoded at once, from a request's arrival until its handler is "
+        "done with it (a stream's frame: until the next is asked for), e.g. 256MiB. Over it a request is refused "
+        "with RESOURCE_EXHAUSTED before it is parsed; a lone request is always let in (docs/security.md, Memory "
+        "under large requests).",
+        parse_size,
+    )
+    max_request_bytes_per_connection: int = setting(
+        "MAX_REQUEST_BYTES_PER_CONNECTION",
+        64 * 2**20,
+        "The same, for the calls of one client connection (its peer host:port), e.g. 64MiB: one connection cannot "
+        "take the whole of MAX_REQUEST_BYTES_IN_FLIGHT.",
+        parse_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -118,3 +162,4 @@ class ServiceSettings(Settings):
     instance: str = setting(
         "INSTANCE", "default", "Name of this instance in logs, traces and the launcher's table.", parse_name
     )
+    max_request_bytes: int = request_setting(DEFAULT_MAX_FRAME_BYTES)

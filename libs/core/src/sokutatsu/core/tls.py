@@ -35,6 +35,7 @@ from grpc import aio
 
 from sokutatsu.core.auth import client_token
 from sokutatsu.core.auth_client import bearer_credentials, bearer_interceptors
+from sokutatsu.core.cluster import control_interceptors, load_secret
 from sokutatsu.core.settings import Settings, SettingsError, choice, load, parse_optional_path, setting
 
 PREFIX = "SOKUTATSU_TLS_"
@@ -225,21 +226,25 @@ def open_channel(
     tls: ChannelTls | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
     token: str | None = None,
+    cluster: bool = False,
 ) -> aio.Channel:
     """A client channel to ``address``: TLS with ``tls``, else with the environment's settings, else plaintext.
 
-    Every call carries ``token`` (else ``SOKUTATSU_AUTH_TOKEN``, if set) as a bearer token.
+    Every call carries ``token`` (else ``SOKUTATSU_AUTH_TOKEN``, if set) as a bearer token. With
+    ``cluster`` (the services' links to each other, tools of the operator) control calls carry the
+    cluster secret (:mod:`sokutatsu.core.cluster`; :class:`SettingsError` when there is none).
     """
     chosen = tls if tls is not None else client_tls()
     bearer = token if token is not None else client_token()
+    interceptors = control_interceptors(load_secret(create=False)) if cluster else []
     if chosen is None:
         if bearer:
-            return aio.insecure_channel(address, options=options, interceptors=bearer_interceptors(bearer))
-        return aio.insecure_channel(address, options=options)
+            interceptors = [*bearer_interceptors(bearer), *interceptors]
+        return aio.insecure_channel(address, options=options, interceptors=interceptors or None)
     credentials = chosen.credentials()
     if bearer:
         credentials = bearer_credentials(credentials, bearer)
-    return aio.secure_channel(address, credentials, options=options)
+    return aio.secure_channel(address, credentials, options=options, interceptors=interceptors or None)
 
 
 # --------------------------------------------------------------- plaintext -----

@@ -57,7 +57,7 @@ async def join(broker: Broker) -> None:
 async def _peer_role(broker: Broker, seconds: float) -> broker_pb2.RoleInfo | None:
     """The peer's answer to GetRole at its client address, or None."""
     try:
-        async with open_channel(broker.peer) as channel:
+        async with open_channel(broker.peer, cluster=True) as channel:
             return await broker_pb2_grpc.BrokerControlStub(channel).GetRole(
                 broker_pb2.GetRoleRequest(), timeout=seconds
             )
@@ -100,7 +100,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
             await asyncio.sleep(KEEPALIVE_SECONDS)
             continue
         try:
-            async with open_channel(peer) as channel:
+            async with open_channel(peer, cluster=True) as channel:
                 stub = broker_pb2_grpc.BrokerControlStub(channel)
                 await stub.ReplicateWatermarks(_frames(broker, own_address(), interval, peer))
         except aio.AioRpcError as exc:

@@ -88,7 +88,7 @@ class BrokerLink:
         self.interval = interval
         self.stale_after = stale_after
         self._on_update = on_update
-        self.channel = open_channel(endpoint.address, options=CHANNEL_OPTIONS)
+        self.channel = open_channel(endpoint.address, options=CHANNEL_OPTIONS, cluster=True)
         self.admin = broker_pb2_grpc.BrokerAdminStub(self.channel)
         self.control = broker_pb2_grpc.BrokerControlStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from sokutatsu.core.runtime_settings import ServiceSettings
+from sokutatsu.core.runtime_settings import SMALL_REQUESTS, ServiceSettings, request_setting
 from sokutatsu.core.settings import SettingsError, parse_address, parse_bool, parse_name, setting
 
 
@@ -91,6 +91,7 @@ class MonitorSettings(ServiceSettings):
         "LISTEN", "127.0.0.1:7301", "host:port to serve gRPC on (port 0 = any free port).", parse_address
     )
     instance: str = setting("INSTANCE", "monitor", "Name of this monitor in logs and traces.", parse_name)
+    max_request_bytes: int = request_setting(SMALL_REQUESTS)
     brokers: tuple[BrokerEndpoint, ...] = setting(
         "BROKERS",
         DEFAULT_BROKERS,

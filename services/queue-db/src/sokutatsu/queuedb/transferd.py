@@ -225,7 +225,7 @@ class PeerLink:
     async def _session(self) -> None:
         async with (
             await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True, connect_timeout=5) as conn,
-            open_channel(self.peer.address) as channel,
+            open_channel(self.peer.address, cluster=True) as channel,
         ):
             # One sender per receiver: a second daemon waits here until this one is gone.
             await conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"sokutatsu.transfer.{self.peer.node}",))

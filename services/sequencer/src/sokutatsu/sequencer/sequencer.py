@@ -262,7 +262,7 @@ class Sequencer:
     def _stub(self, address: str) -> sequencer_pb2_grpc.SequencerAsyncStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address)
+            channel = self._channels[address] = open_channel(address, cluster=True)
         return sequencer_pb2_grpc.SequencerStub(channel)
 
     async def run_leader(self) -> None:

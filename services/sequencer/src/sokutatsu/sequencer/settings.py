@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from sokutatsu.core.runtime_settings import ServiceSettings
+from sokutatsu.core.runtime_settings import SMALL_REQUESTS, ServiceSettings, request_setting
 from sokutatsu.core.settings import choice, named_addresses, parse_address, parse_bool, parse_name, setting, whole
 from sokutatsu.ordering import DEFAULT_MIN_PPM
 
@@ -54,6 +54,7 @@ class SequencerSettings(ServiceSettings):
         "LISTEN", "127.0.0.1:7101", "host:port to serve gRPC on (port 0 = any free port).", parse_address
     )
     instance: str = setting("INSTANCE", "seq-a", "Name of this sequencer in logs and traces.", parse_name)
+    max_request_bytes: int = request_setting(SMALL_REQUESTS)
     domain: str = setting("DOMAIN", "a", "The domain whose sequence numbers this sequencer hands out.", parse_name)
     leader: bool = setting(
         "LEADER",
