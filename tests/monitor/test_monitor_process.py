@@ -80,7 +80,7 @@ async def test_without_brokers_it_serves_and_says_why(monitor_factory: Callable[
     status = await monitor.until(lambda s: all(b.error for b in s.brokers), "both brokers reported unreachable")
     assert [b.broker_id for b in status.brokers] == ["broker-a", "broker-b"]
     assert not any(b.serving for b in status.brokers)
-    assert all("UNAVAILABLE" in b.error for b in status.brokers)
+    assert all("UNAVAILABLE" in b.error for b in status.brokers), [b.error for b in status.brokers]
     assert status.active_broker_id == ""
     async with aio.insecure_channel(monitor.address) as channel:
         stub = monitor_pb2_grpc.MonitorStub(channel)

@@ -213,7 +213,7 @@ async def test_every_rpc_refuses_missing_and_wrong_tokens_and_the_unpermitted(
     tmp_path: Path, auth_file: AuthFile
 ) -> None:
     wrong: list[str] = []
-    async with every_service(tmp_path, auth_file) as address, aio.insecure_channel(address) as channel:
+    async with every_service(tmp_path, auth_file) as address, open_channel(address, cluster=True) as channel:
         for method in all_methods():
             name = full_name(method)
             rule = RULES[name]
@@ -248,7 +248,7 @@ async def test_a_principal_cannot_use_another_principals_subscriber_id(tmp_path:
         "/sokutatsu.monitor.v1.Monitor/WatchAssignments",
     ]
     wrong: list[str] = []
-    async with every_service(tmp_path, auth_file) as address, aio.insecure_channel(address) as channel:
+    async with every_service(tmp_path, auth_file) as address, open_channel(address, cluster=True) as channel:
         for name in owned:
             method = by_name[name]
             for who, subscriber, want in [
@@ -278,7 +278,7 @@ async def test_each_publish_batch_is_checked_for_its_topic(
     publish = next(m for m in all_methods() if full_name(m).endswith(".Broker/Publish"))
     frames = [*requests_for(publish), broker_pb2.PublishRequest(batch=broker_pb2.PublishBatch(topic="secret"))]
     with caplog.at_level(logging.WARNING, logger="sokutatsu.core.auth_interceptor"):
-        async with every_service(tmp_path, auth_file) as address, aio.insecure_channel(address) as channel:
+        async with every_service(tmp_path, auth_file) as address, open_channel(address, cluster=True) as channel:
             assert await call(channel, publish, requests_for(publish), auth_file.metadata("app")) == grpc.StatusCode.OK
             for _ in range(3):
                 got = await call(channel, publish, frames, auth_file.metadata("app"))

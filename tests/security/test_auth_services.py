@@ -21,6 +21,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.core.cluster import control_metadata
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -75,7 +76,7 @@ async def test_total_order_across_sequencer_peers_with_auth_on(
                 with pytest.raises(aio.AioRpcError) as refused:
                     await sequencer_pb2_grpc.SequencerStub(channel).InstallDistribution(
                         sequencer_pb2.InstallDistributionRequest(leader="intruder"),
-                        metadata=metadata,
+                        metadata=(*metadata, *control_metadata()),  # the cluster secret, so auth decides
                         timeout=RPC_SECONDS,
                     )
                 assert refused.value.code() == want
@@ -118,7 +119,7 @@ async def test_the_transfer_daemon_delivers_with_auth_on(
         while queue_bodies(node2) != bodies:
             assert time.monotonic() < deadline, daemon.tail() + receiver.tail()
             await asyncio.sleep(0.05)
-        async with aio.insecure_channel(receiver_address) as channel:
+        async with open_channel(receiver_address, cluster=True) as channel:
             transfer = queuedb_pb2_grpc.TransferStub(channel)
             with pytest.raises(aio.AioRpcError) as refused:
                 await transfer.GetRecoveryState(
