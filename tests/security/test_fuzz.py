@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import grpc
 import psycopg
 import pytest
-from google.protobuf.descriptor import FileDescriptor, MethodDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor, MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
@@ -825,4 +825,158 @@ def test_an_oversize_value_is_refused_with_its_length(targets: Targets, probe: s
     assert f"({len(BIG)} characters)" in details, details
     assert "x" * 101 not in details, "the value is shown cut"
     problem = target.unharmed()
+    assert not problem, problem
+
+
+# ------------------------------------------------------------------------------- extreme numbers --
+# Every numeric field of every request of the broker, monitor, sequencer and Process services, set
+# alone to each extreme its type holds (issue #20 item 3): each answered with a documented code, the
+# process unharmed. Frames are made consistent (an open before a batch, names a call needs) so that
+# the number reaches the body of the RPC; docs/security.md, Caps on client-supplied amounts.
+EXTREME_SERVICES = (
+    "sokutatsu.broker.v1.Broker",
+    "sokutatsu.broker.v1.BrokerAdmin",
+    "sokutatsu.broker.v1.BrokerControl",
+    "sokutatsu.monitor.v1.Monitor",
+    "sokutatsu.sequencer.v1.Sequencer",
+    "sokutatsu.core.v1.Process",
+)
+EXTREME_TOPIC = "fuzz.extreme"
+_I32 = (0, -1, 2**31 - 1, -(2**31))
+_I64 = (0, -1, 2**31, 2**32, 2**63 - 1, -(2**63))
+_U32 = (0, 2**31, 2**32 - 1)
+_U64 = (0, 2**31, 2**32, 2**63 - 1, 2**64 - 1)
+_FLOATS = (0.0, -1.0, 1e308, float("inf"), float("nan"))
+EXTREMES: dict[int, tuple[int | float, ...]] = {
+    **dict.fromkeys((FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SFIXED32), _I32),
+    **dict.fromkeys((FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED64), _I64),
+    **dict.fromkeys((FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32), _U32),
+    **dict.fromkeys((FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64), _U64),
+    FieldDescriptor.TYPE_DOUBLE: _FLOATS,
+    FieldDescriptor.TYPE_FLOAT: (0.0, -1.0, 3e38, float("inf"), float("nan")),
+}
+FieldPath = tuple[FieldDescriptor, ...]
+
+
+def _numeric_paths(descriptor: Descriptor, depth: int = 0) -> Iterator[FieldPath]:
+    for f in descriptor.fields:
+        if f.message_type is not None:
+            if depth < 5:
+                for rest in _numeric_paths(f.message_type, depth + 1):
+                    yield (f, *rest)
+        elif f.type in EXTREMES:
+            yield (f,)
+
+
+def _set_path(message: Message, field_path: FieldPath, value: int | float) -> None:
+    f, rest = field_path[0], field_path[1:]
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        entries: Any = getattr(message, f.name)
+        if rest[0].name == "value" and len(rest) == 1:
+            entries["k"] = value
+        else:  # a message value (numeric map keys: none in these protos)
+            _set_path(entries["k"], rest[1:], value)
+    elif f.is_repeated:
+        items: Any = getattr(message, f.name)
+        if not rest:
+            items.append(value)
+        else:
+            _set_path(items[0] if len(items) else items.add(), rest, value)
+    elif not rest:
+        setattr(message, f.name, value)
+    else:
+        _set_path(getattr(message, f.name), rest, value)
+
+
+def _name(field_path: FieldPath) -> str:
+    return ".".join(f.name for f in field_path)
+
+
+def _extreme_frames(method: MethodDescriptor, field_path: FieldPath, value: int | float) -> list[bytes]:
+    """The frames of one probe: a request that reaches the RPC's body, with the one number set."""
+    fresh = f"fuzz-extreme-{next(_fresh)}"
+    name = path(method)
+    frames: list[Message]
+    if name == "/sokutatsu.broker.v1.Broker/Publish":
+        opening = broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=fresh))
+        one = broker_pb2.Message(publisher_id=fresh, publisher_seq=1, key="K", body=b"x", persistent=True)
+        frames = [
+            opening,
+            broker_pb2.PublishRequest(batch=broker_pb2.PublishBatch(topic=EXTREME_TOPIC, messages=[one])),
+        ]
+    elif name == "/sokutatsu.broker.v1.Broker/Subscribe":
+        subscription = broker_pb2.Subscription(subscriber_id=fresh, topic=EXTREME_TOPIC)
+        opening_ = broker_pb2.SubscribeRequest(open=broker_pb2.SubscribeOpen(subscription=subscription, credits=10))
+        frames = [opening_, broker_pb2.SubscribeRequest(credit=broker_pb2.SubscriberCredit(credits=1))]
+    else:
+        request = request_class(method)()
+        if "subscription" in request.DESCRIPTOR.fields_by_name:
+            request.subscription.CopyFrom(  # type: ignore[attr-defined]
+                broker_pb2.Subscription(subscriber_id=fresh, topic=EXTREME_TOPIC, durable=True)
+            )
+        if name.endswith("/CreateTopic"):
+            request.topic.name = fresh  # type: ignore[attr-defined]
+        if name.endswith("/InstallDistribution"):  # a valid one for the fuzz sequencer's domain, "a"
+            weight = sequencer_pb2.DomainWeight(domain="a", weight_ppm=1_000_000)
+            request.distribution.CopyFrom(sequencer_pb2.Distribution(id=1, weights=[weight]))  # type: ignore[attr-defined]
+        if name.endswith("/Stamp"):
+            request.count, request.client_id = 1, fresh  # type: ignore[attr-defined]
+        frames = [request]
+    # The frame the field belongs to: the opening one, or the next (a batch, a credit).
+    which = frames[0]
+    oneof = which.DESCRIPTOR.oneofs_by_name.get("frame")
+    if (
+        oneof is not None
+        and field_path[0].containing_oneof is oneof
+        and field_path[0].name != which.WhichOneof("frame")
+    ):
+        which = frames[1]
+    _set_path(which, field_path, value)
+    if which is frames[0] and len(frames) > 1:
+        frames = frames[:1]  # the open alone (its answer shows what the number did)
+    return [f.SerializeToString() for f in frames]
+
+
+EXTREME_METHODS = [m for m in METHODS if m.containing_service.full_name in EXTREME_SERVICES]
+# Refusals the caps must give (docs/security.md, Caps on client-supplied amounts).
+CAPPED = {
+    ("/sokutatsu.broker.v1.BrokerAdmin/CreateSubscription", "subscription.memory_budget_bytes", 2**64 - 1),
+    ("/sokutatsu.broker.v1.Broker/Subscribe", "open.subscription.memory_budget_bytes", 2**64 - 1),
+    ("/sokutatsu.broker.v1.Broker/Subscribe", "open.credits", 2**32 - 1),
+    ("/sokutatsu.broker.v1.Broker/Subscribe", "credit.credits", 2**32 - 1),
+    ("/sokutatsu.broker.v1.Broker/Publish", "open.first_unacked_seq", 2**63 - 1),
+    ("/sokutatsu.broker.v1.Broker/Publish", "open.first_unacked_seq", 2**64 - 1),
+    ("/sokutatsu.broker.v1.Broker/Publish", "batch.messages.publisher_seq", 2**64 - 1),
+    ("/sokutatsu.broker.v1.BrokerAdmin/WatchStats", "interval_ms", 2**32 - 1),
+    ("/sokutatsu.sequencer.v1.Sequencer/InstallDistribution", "distribution.id", 2**64 - 1),
+    ("/sokutatsu.sequencer.v1.Sequencer/Stamp", "count", 2**32 - 1),
+}
+
+
+def test_every_capped_field_is_probed() -> None:
+    probed = {(path(m), _name(p)) for m in EXTREME_METHODS for p in _numeric_paths(m.input_type)}
+    assert {(method, name) for method, name, _ in CAPPED} <= probed
+
+
+@pytest.mark.parametrize("method", EXTREME_METHODS, ids=path)
+def test_extreme_numbers(targets: Targets, method: MethodDescriptor) -> None:
+    served_by = SERVED_BY[method.containing_service.full_name]
+    target = targets.get(served_by)
+    documented = DOCUMENTED | ALSO_DOCUMENTED.get(served_by, set())
+    assert target.channel is not None
+    wrong: list[str] = []
+    probes = 0
+    for field_path in _numeric_paths(method.input_type):
+        for value in EXTREMES[field_path[-1].type]:
+            probes += 1
+            code, details = invoke(target.channel, method, _extreme_frames(method, field_path, value))
+            shown = f"{_name(field_path)} = {value!r}: {code} {details[:300]!r}"
+            if code == LEFT_OPEN and method.server_streaming:
+                code = grpc.StatusCode.OK
+            if code not in documented:
+                wrong.append(shown)
+            elif (path(method), _name(field_path), value) in CAPPED and code != grpc.StatusCode.INVALID_ARGUMENT:
+                wrong.append(f"not refused: {shown}")
+    problem = target.unharmed()
+    assert not wrong, f"{path(method)}: {probes} probes, these wrong:\n" + "\n".join(wrong[:10])
     assert not problem, problem

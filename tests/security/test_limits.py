@@ -417,3 +417,168 @@ async def test_tight_limits_leave_the_pair_and_the_sdk_working(
         assert result.peer_up
         limits = result.client_limits
         assert (limits.batch_refusals, limits.stream_refusals, limits.subscription_refusals) == (0, 0, 0)
+
+
+# ------------------------------------------------- caps on client-supplied amounts --
+# (docs/security.md, Caps on client-supplied amounts; issue #20 item 3)
+
+U64_MAX = 2**64 - 1
+KiB = 2**10
+
+
+async def _details(error: aio.AioRpcError, *parts: str) -> None:
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    for part in parts:
+        assert part in (error.details() or ""), (part, error.details())
+
+
+async def _create_with_budget(channel: aio.Channel, subscriber: str, topic: str, budget: int) -> None:
+    subscription = broker_pb2.Subscription(
+        subscriber_id=subscriber, topic=topic, durable=True, memory_budget_bytes=budget
+    )
+    await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+        broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=RPC_SECONDS
+    )
+
+
+async def test_a_subscription_that_never_reads_cannot_starve_other_publishers_with_its_budget(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The attack of issue #20 item 3: a subscription asking memory_budget_bytes = 2^64-1 that never
+    reads, a publisher filling it, and another publisher whose persistent messages must still be taken."""
+    broker = broker_factory(max_bytes="1MiB", queue_budget="64KiB", max_queue_budget="256KiB")
+    broker.start()
+    body = b"h" * KiB
+    async with connection(broker.address) as channel:
+        try:
+            await _create_with_budget(channel, "hog", "t.hog", U64_MAX)
+        except aio.AioRpcError as error:
+            await _details(error, "memory_budget_bytes")
+            # The most the attacker can get instead.
+            await _create_with_budget(channel, "hog", "t.hog", 256 * KiB)
+        # The hog's publisher sends 2 MiB (twice MAX_BYTES) of persistent messages; nobody reads them.
+        hog, _ = await open_publish(channel, "hog-pub")
+        seq = 0
+        for _ in range(32):
+            ack = await publish(hog, batch("t.hog", [message("hog-pub", seq + i, body=body) for i in range(1, 65)]))
+            seq = ack.acked_through_seq
+        # Another client's persistent messages are still taken, all of them.
+        await _create(channel, "victim", "t.victim")
+        victim, _ = await open_publish(channel, "victim-pub")
+        for first in range(1, 201, 50):
+            ack = await publish(
+                victim, batch("t.victim", [message("victim-pub", s, body=body) for s in range(first, first + 50)])
+            )
+            assert list(ack.rejected) == [], ack.rejected[0].message
+            assert ack.acked_through_seq == first + 49
+        hog.cancel()
+        victim.cancel()
+    s = await stats(broker.address)
+    assert s.rejected_total == 0
+    [hog_stats] = [q for q in s.subscribers if q.subscriber_id == "hog"]
+    assert hog_stats.memory_budget_bytes <= 256 * KiB
+
+
+async def test_the_memory_budget_is_capped_at_the_setting(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(max_queue_budget="256KiB")
+    broker.start()
+    async with connection(broker.address) as channel:
+        await _create_with_budget(channel, "at-cap", "t.cap", 256 * KiB)
+        for over in (256 * KiB + 1, 2**32, 2**63 - 1, U64_MAX):
+            error = await _status(_create_with_budget(channel, "over-cap", "t.cap", over))
+            await _details(
+                error,
+                f"Subscription.memory_budget_bytes {over!r} is over the broker's maximum of {256 * KiB} bytes",
+                "SOKUTATSU_BROKER_MAX_QUEUE_BUDGET",
+            )
+        # The same on a non-durable Subscribe.
+        subscription = broker_pb2.Subscription(subscriber_id="live", topic="t.cap", memory_budget_bytes=256 * KiB + 1)
+        call = channel.stream_stream(
+            "/sokutatsu.broker.v1.Broker/Subscribe",
+            request_serializer=broker_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=broker_pb2.SubscribeResponse.FromString,
+        )()
+        await call.write(
+            broker_pb2.SubscribeRequest(open=broker_pb2.SubscribeOpen(subscription=subscription, credits=10))
+        )
+        error = await _status(call.read())
+        await _details(error, "memory_budget_bytes", "SOKUTATSU_BROKER_MAX_QUEUE_BUDGET")
+    s = await stats(broker.address)
+    assert [q.memory_budget_bytes for q in s.subscribers if q.subscriber_id == "at-cap"] == [256 * KiB]
+    await _bystander_check(broker.address)
+
+
+async def test_credits_are_capped_at_the_setting(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(max_credits="5000")
+    broker.start()
+    # 5000: above the SDK's default flow_limit (1000), as a cap must be (the bystander uses the SDK).
+    async with connection(broker.address) as channel:
+        at_cap = await open_subscribe(channel, "at-cap", "t.credits", credits=5000)
+        for over in (5001, 2**31, 2**32 - 1):
+            error = await _status(open_subscribe(channel, f"over-{over}", "t.credits", credits=over))
+            await _details(error, f"SubscribeOpen.credits {over!r} is over the broker's maximum of 5000", "MAX_CREDITS")
+        # More credit on an open stream: up to the cap, not past it.
+        small = await open_subscribe(channel, "small", "t.credits", credits=100)
+        await small.write(broker_pb2.SubscribeRequest(credit=broker_pb2.SubscriberCredit(credits=4900)))
+        await small.write(broker_pb2.SubscribeRequest(credit=broker_pb2.SubscriberCredit(credits=1)))
+        error = await _status(small.read())
+        await _details(error, "SubscriberCredit.credits 1 would bring the stream's outstanding credit to 5001", "5000")
+        at_cap.cancel()
+    await _bystander_check(broker.address)
+
+
+async def _open_at(channel: aio.Channel, publisher: str, first_unacked: int) -> broker_pb2.PublishOpened:
+    call = channel.stream_stream(
+        "/sokutatsu.broker.v1.Broker/Publish",
+        request_serializer=broker_pb2.PublishRequest.SerializeToString,
+        response_deserializer=broker_pb2.PublishResponse.FromString,
+    )()
+    await call.write(
+        broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id=publisher, first_unacked_seq=first_unacked))
+    )
+    response = await call.read()
+    assert isinstance(response, broker_pb2.PublishResponse), response
+    call.cancel()
+    return response.opened
+
+
+async def test_a_new_publishers_first_number_is_capped_at_the_setting(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory(max_first_seq="1000000")
+    broker.start()
+    async with connection(broker.address) as channel:
+        assert (await _open_at(channel, "at-cap", 1_000_000)).last_seq == 999_999
+        for over in (1_000_001, 2**53 + 1, 2**63, U64_MAX):
+            error = await _status(_open_at(channel, f"open-{over}", over))
+            await _details(
+                error,
+                f"PublishOpen.first_unacked_seq {over!r} is over the broker's maximum of 1000000",
+                "SOKUTATSU_BROKER_MAX_FIRST_SEQ",
+            )
+        # A publisher's first message: the same cap.
+        first, _ = await open_publish(channel, "first-at-cap")
+        ack = await publish(first, batch("t.seq", [message("first-at-cap", 1_000_000)]))
+        assert ack.acked_through_seq == 1_000_000
+        for over in (1_000_001, 2**63, U64_MAX):
+            call, _ = await open_publish(channel, f"first-{over}")
+            error = await _status(publish(call, batch("t.seq", [message(f"first-{over}", over)])))
+            await _details(error, f"publisher_seq {over!r} is over the broker's maximum of 1000000", "MAX_FIRST_SEQ")
+        # A known publisher continues past the cap: it is about new publishers only.
+        ack = await publish(first, batch("t.seq", [message("first-at-cap", 1_000_001)]))
+        assert ack.acked_through_seq == 1_000_001
+        first.cancel()
+    await _bystander_check(broker.address)
+
+
+async def test_watch_stats_interval_is_bounded(broker: BrokerProcess) -> None:
+    async with connection(broker.address) as channel:
+        admin = broker_pb2_grpc.BrokerAdminStub(channel)
+        watch = admin.WatchStats(broker_pb2.WatchStatsRequest(interval_ms=3_600_000), timeout=RPC_SECONDS)
+        first = await watch.read()
+        assert isinstance(first, broker_pb2.BrokerStats)
+        watch.cancel()
+        for over in (3_600_001, 2**31, 2**32 - 1):
+            call = admin.WatchStats(broker_pb2.WatchStatsRequest(interval_ms=over), timeout=RPC_SECONDS)
+            error = await _status(call.read())
+            await _details(error, f"WatchStatsRequest.interval_ms {over!r} is outside 10 to 3600000")

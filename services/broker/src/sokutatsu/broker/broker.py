@@ -27,7 +27,6 @@ from sokutatsu.core.process_stats import rss_bytes
 
 log = logging.getLogger(__name__)
 
-MAX_CREDITS = 1_000_000
 _STATE_NAMES: dict[int, str] = {SERVING: "serving", SHADOW: "shadow", AWAY: "away", LEAVING: "leaving"}
 
 
@@ -250,7 +249,9 @@ class Broker:
         return queue
 
     def subscription_spec(self, sub: broker_pb2.Subscription) -> SubscriptionSpec:
-        return SubscriptionSpec.from_proto(sub, self.settings.default_mode, self.settings.queue_budget)
+        return SubscriptionSpec.from_proto(
+            sub, self.settings.default_mode, self.settings.queue_budget, self.settings.max_queue_budget
+        )
 
     async def create_subscription(self, spec: SubscriptionSpec) -> SubscriptionSpec:
         topic = await self._topic_or_create(spec.topic)
@@ -340,8 +341,11 @@ class Broker:
         spec = self.subscription_spec(open_frame.subscription)
         if open_frame.credits < 1:
             raise InvalidArgument("SubscribeOpen.credits must be at least 1 (the SDK default is 1000)")
-        if open_frame.credits > MAX_CREDITS:
-            raise InvalidArgument(f"SubscribeOpen.credits must be at most {MAX_CREDITS}")
+        if open_frame.credits > self.settings.max_credits:
+            raise InvalidArgument(
+                f"SubscribeOpen.credits {echo(open_frame.credits)} is over the broker's maximum of "
+                f"{self.settings.max_credits} (SOKUTATSU_BROKER_MAX_CREDITS); ask for what your buffer holds"
+            )
         topic_now = self.topics.get(spec.topic)
         previous = topic_now.queues.get(spec.subscriber_id) if topic_now else None
         if previous is not None and previous.attached:
@@ -421,13 +425,17 @@ class Broker:
         self._remove_queue(queue)
         queue.detach()
 
-    @staticmethod
-    def credit(queue: SubscriptionQueue, frame: broker_pb2.SubscriberCredit) -> None:
+    def credit(self, queue: SubscriptionQueue, frame: broker_pb2.SubscriberCredit) -> None:
         has_ack = frame.HasField("acked")
         if frame.credits == 0 and not has_ack:
             raise InvalidArgument("SubscriberCredit must grant credits (at least 1) or acknowledge a position")
-        if queue.credits + frame.credits > MAX_CREDITS:
-            raise InvalidArgument(f"outstanding credit would exceed {MAX_CREDITS}; grant what your buffer holds")
+        limit = self.settings.max_credits
+        if queue.credits + frame.credits > limit:
+            raise InvalidArgument(
+                f"SubscriberCredit.credits {echo(frame.credits)} would bring the stream's outstanding credit to "
+                f"{max(queue.credits, 0) + frame.credits}, over the broker's maximum of {limit} "
+                "(SOKUTATSU_BROKER_MAX_CREDITS); grant what your buffer holds"
+            )
         if has_ack:
             queue.ack(dict(frame.acked.last_seq))
         queue.grant(frame.credits)
@@ -437,12 +445,14 @@ class Broker:
         check_name("publisher id", publisher_id)
         return self.publishers.setdefault(publisher_id, PublisherState())
 
-    def _validate(self, publisher_id: str, topic: Topic, batch: broker_pb2.PublishBatch) -> None:
+    def _validate(self, publisher_id: str, state: PublisherState, topic: Topic, batch: broker_pb2.PublishBatch) -> None:
         max_body = self.settings.max_body
         total_order = topic.spec.total_order
         previous = 0
         for m in batch.messages:
             seq = m.publisher_seq
+            if not previous:
+                self.check_first_seq(publisher_id, state, seq, "publisher_seq")
             if seq <= previous:
                 raise InvalidArgument(
                     f"publisher {echo(publisher_id)}: seq {seq} follows {previous} in one batch; "
@@ -476,7 +486,7 @@ class Broker:
         are fsynced, so an acknowledged message is never only in a queue's spill buffer.
         """
         topic = await self._topic_or_create(batch.topic)
-        self._validate(publisher_id, topic, batch)
+        self._validate(publisher_id, state, topic, batch)
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
         queues = topic.queue_list
@@ -608,6 +618,7 @@ class Broker:
         records the hole (floor and previous_seq), so a subscriber's SDK reports it
         instead of missing it silently.
         """
+        self.check_first_seq(publisher_id, state, first_unacked, "PublishOpen.first_unacked_seq")
         jump = first_unacked - 1
         if jump < 1 or state.last_seq >= jump:
             return
@@ -625,6 +636,15 @@ class Broker:
                 queue.may_lack(publisher_id, jump)
                 if queue.last_enqueued.get(publisher_id, 0) < jump:
                     queue.last_enqueued[publisher_id] = jump
+
+    def check_first_seq(self, publisher_id: str, state: PublisherState, seq: int, field: str) -> None:
+        """``INVALID_ARGUMENT`` for a publisher this broker has not seen starting over ``MAX_FIRST_SEQ``."""
+        limit = self.settings.max_first_seq
+        if seq > limit and state.last_seq == 0:
+            raise InvalidArgument(
+                f"publisher {echo(publisher_id)}: {field} {echo(seq)} is over the broker's maximum of {limit} "
+                "for a publisher it has not seen (SOKUTATSU_BROKER_MAX_FIRST_SEQ); number messages from 1"
+            )
 
     def take_over(self, queue: SubscriptionQueue, why: str, *, reindex: bool = True) -> None:
         """Serve a queue the peer served (the peer is down, or this broker was promoted)."""

@@ -25,6 +25,8 @@ from sokutatsu.core.settings import SettingsError
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
+# WatchStatsRequest.interval_ms at most (one hour): a snapshot stream that never sends is a held call.
+MAX_WATCH_INTERVAL_MS = 3_600_000
 SERVICE = "sokutatsu.broker.v1.Broker"
 
 
@@ -311,8 +313,11 @@ class Admin(broker_pb2_grpc.BrokerAdminServicer):
         self, request: broker_pb2.WatchStatsRequest, context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[broker_pb2.BrokerStats]:
         interval = request.interval_ms / 1000 if request.interval_ms else self.stats_interval
-        if interval < 0.01:
-            raise InvalidArgument("WatchStats.interval_ms must be at least 10")
+        if not 0.01 <= interval <= MAX_WATCH_INTERVAL_MS / 1000:
+            raise InvalidArgument(
+                f"WatchStatsRequest.interval_ms {echo(request.interval_ms)} is outside 10 to {MAX_WATCH_INTERVAL_MS} "
+                "(one hour), or 0 for the broker's default"
+            )
         while True:
             await self.broker.confirm_role()
             yield self._stats()

@@ -111,6 +111,15 @@ class BrokerSettings(ServiceSettings):
         "What a queue over its budget does when its subscription does not say: flow-to-disk or migrate.",
         parse_mode,
     )
+    max_queue_budget: int = setting(
+        "MAX_QUEUE_BUDGET",
+        256 * 2**20,
+        "Largest memory budget a client may ask for one subscriber queue (Subscription.memory_budget_bytes), "
+        "e.g. 256MiB; more is refused with INVALID_ARGUMENT. It keeps a subscriber that never reads from holding "
+        "MAX_BYTES alone and starving every other publisher's persistent messages: keep it well under MAX_BYTES. "
+        "A subscription asking 0 gets QUEUE_BUDGET, which this does not bound.",
+        parse_size,
+    )
     max_body: int = setting(
         "MAX_BODY", 1 * 2**20, "Largest message body accepted; larger ones are refused (INVALID_ARGUMENT).", parse_size
     )
@@ -201,6 +210,24 @@ class BrokerSettings(ServiceSettings):
         "Most subscriptions one client may hold: durable ones it created that still exist plus its live "
         "non-durable ones (0 = no limit); one more is refused with RESOURCE_EXHAUSTED.",
         parse_count,
+    )
+    max_credits: int = setting(
+        "MAX_CREDITS",
+        100_000,
+        "Most credit one Subscribe stream may hold (SubscribeOpen.credits, and the outstanding credit after a "
+        "SubscriberCredit): more is refused with INVALID_ARGUMENT. Credit is how many messages the broker may send "
+        "before the subscriber acknowledges, so it bounds what one stream keeps in flight. The SDK's flow_limit "
+        "(1000 by default) must stay within it.",
+        parse_positive_count,
+    )
+    max_first_seq: int = setting(
+        "MAX_FIRST_SEQ",
+        2**53,
+        "Highest sequence number a publisher this broker has not seen yet may start at (PublishOpen."
+        "first_unacked_seq and its first message's publisher_seq); more is refused with INVALID_ARGUMENT. "
+        "2^53 is 285 years of a million messages a second, exact in a double and far from any 64-bit overflow: "
+        "a publisher cannot start next to 2^64, where its numbers (and the broker's arithmetic on them) would run out.",
+        parse_positive_count,
     )
     max_publish_rate: float = setting(
         "MAX_PUBLISH_RATE",

@@ -38,12 +38,20 @@ class SubscriptionSpec:
         return key in self.exact_keys or (bool(self.prefixes) and key.startswith(self.prefixes))
 
     @classmethod
-    def from_proto(cls, sub: broker_pb2.Subscription, default_mode: str, default_budget: int) -> SubscriptionSpec:
+    def from_proto(
+        cls, sub: broker_pb2.Subscription, default_mode: str, default_budget: int, max_budget: int
+    ) -> SubscriptionSpec:
         check_name("subscriber id", sub.subscriber_id)
         check_name("topic name", sub.topic)
         for key in [*sub.filter.exact_keys, *sub.filter.prefixes]:
             if not key or len(key) > 256:
                 raise InvalidArgument(f"filter entry {echo(key)}: keys and prefixes are 1-256 characters")
+        if sub.memory_budget_bytes > max_budget:
+            raise InvalidArgument(
+                f"Subscription.memory_budget_bytes {echo(sub.memory_budget_bytes)} is over the broker's maximum of "
+                f"{max_budget} bytes (SOKUTATSU_BROKER_MAX_QUEUE_BUDGET); ask for at most that, or 0 for the "
+                f"broker's default ({default_budget} bytes)"
+            )
         return cls(
             subscriber_id=sub.subscriber_id,
             topic=sub.topic,

@@ -50,6 +50,8 @@ log = logging.getLogger("sokutatsu.sequencer")
 _tracer = trace.get_tracer("sokutatsu.sequencer")
 
 RPC_TIMEOUT = 2.0
+# The highest Distribution.id InstallDistribution takes (as pair_state.py caps epochs).
+MAX_DISTRIBUTION_ID = 2**62
 # Routing keys of the messages sequencers publish themselves (ordered subscribers take every key).
 DISTRIBUTION_KEY = "_sokutatsu.distribution"
 
@@ -206,6 +208,11 @@ class Sequencer:
 
     async def install(self, message: sequencer_pb2.Distribution) -> int:
         """Install ``message`` unless a newer one is in force; return the id in force."""
+        if not 1 <= message.id <= MAX_DISTRIBUTION_ID:
+            raise InvalidArgument(
+                f"Distribution.id {echo(message.id)} is outside 1 to {MAX_DISTRIBUTION_ID} (2^62): a larger one "
+                "would stop the leader's next distributions (ids increase by one) from ever being installed"
+            )
         distribution = to_distribution(message)  # raises ValueError on bad weights
         if self.domain not in distribution.domains:
             raise InvalidArgument(f"distribution {message.id} has no weight for domain {self.domain!r}")
