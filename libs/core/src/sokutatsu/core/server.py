@@ -366,7 +366,6 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
         settings = load(settings_cls)
         tls = server_tls()
         auth = server_policy()
-        cluster_secret = load_secret(create=True)
         listen_var = settings_cls.env_prefix + "LISTEN"
         check_plaintext(settings.listen, listen_var, tls, runtime.allow_plaintext)
         register = build(settings)
@@ -376,6 +375,10 @@ def run_service(service: str, settings_cls: type[S], build: Callable[[S], Regist
         level=runtime.log_level,
         format=f"%(asctime)s %(levelname)s {service}[%(process)d] %(name)s: %(message)s",
     )
+    try:
+        cluster_secret = load_secret(create=True)  # after the logging set-up: making one is logged
+    except SettingsError as exc:
+        _fail(service, str(exc), 2)
     try:
         telemetry = setup_telemetry(service, settings.instance, runtime.trace_dir)
     except OSError as exc:
