@@ -34,6 +34,7 @@ from sokutatsu.cli.launcher import Running, Suite
 from sokutatsu.cli.topology import ServiceProcess, suite
 from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.settings import describe
+from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "chaos"
@@ -141,7 +142,7 @@ class Cluster:
         for name in (*BROKERS, "monitor"):
             await self._spawn(name)
         for name in (*BROKERS, "monitor"):
-            self._channels[name] = aio.insecure_channel(self.address[name], options=FAST_RECONNECT)
+            self._channels[name] = open_channel(self.address[name], options=FAST_RECONNECT, cluster=True)
 
     async def _spawn(self, name: str) -> None:
         running = self.suite.spawn(self.specs[name])
