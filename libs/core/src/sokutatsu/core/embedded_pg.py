@@ -715,6 +715,14 @@ def create_database(dsn: str, name: str) -> None:
         raise PostgresError(f"cannot create database {name} on PostgreSQL at {where}: {error_line(exc, dsn)}") from None
 
 
+def check_dsn(dsn: str) -> None:
+    """PostgresError (one line, without the password) when libpq cannot parse ``dsn``."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise PostgresError(f"unusable PostgreSQL DSN {redact_dsn(dsn)}: {error_line(exc, dsn)}") from None
+
+
 def database_dsn(dsn: str, name: str) -> str:
     """``dsn`` pointing at database ``name`` instead."""
     try:
