@@ -80,6 +80,14 @@ def _old_trust_cluster(data: Path) -> None:
     )
     with (data / "postgresql.conf").open("a") as conf:
         conf.write(SERVER_CONF)
+    maker._run(
+        "postgres",
+        "--single",
+        "-D",
+        str(data),
+        "postgres",
+        stdin_text="CREATE TABLE kept AS SELECT 'from before' AS v;\n",
+    )
 
 
 def test_a_cluster_made_with_trust_is_moved_to_passwords(pg_tmp_folder: Path, tmp_path: Path) -> None:
@@ -92,6 +100,7 @@ def test_a_cluster_made_with_trust_is_moved_to_passwords(pg_tmp_folder: Path, tm
             psycopg.connect(_without_password(pg.dsn, tmp_path), connect_timeout=10)
         with psycopg.connect(pg.dsn, connect_timeout=10) as conn:
             assert conn.execute("SELECT current_user").fetchone() == (SUPERUSER,)
+            assert conn.execute("SELECT v FROM kept").fetchall() == [("from before",)], "its data is kept"
     assert _mode(data / PASSFILE_NAME) == 0o600
     hba = [ln for ln in (data / "pg_hba.conf").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert hba

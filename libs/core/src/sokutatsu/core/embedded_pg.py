@@ -675,7 +675,9 @@ def redact_dsn(dsn: str) -> str:
     except psycopg.Error:
         return "<unparsable DSN>"
     shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
-    return make_conninfo("", **shown)
+    # Where first, as a person writes a DSN (libpq's own order puts user and passfile first).
+    first = {k: shown.pop(k) for k in ("host", "hostaddr", "port", "user", "dbname") if k in shown}
+    return make_conninfo("", **first, **shown)
 
 
 def _secrets(dsn: str) -> list[str]:
