@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError
+from sokutatsu.core.embedded_pg import SUPERUSER, EmbeddedPostgres, PostgresError
 from sokutatsu.core.health import wait_serving
+from sokutatsu.core.pg_auth import PASSFILE_NAME, read_passfile
 from tests.helpers import pid_alive
 
 # Bounds that only stop a hung test; nothing asserts on durations. Their sum stays
@@ -167,9 +169,30 @@ def test_up_serves_every_service_and_sigterm_stops_all(launch: Launch, pg_tmp_fo
         assert environ[broker]["SOKUTATSU_BROKER_ROLE"] == role
         assert environ[broker]["SOKUTATSU_BROKER_STATE_DIR"] == str(launcher.state / broker), "a folder of its own"
 
+    # PostgreSQL takes passwords only; the services and a person get the password from the passfile.
+    passfile = launcher.state / "postgres" / PASSFILE_NAME
+    password = read_passfile(passfile)[SUPERUSER]
+    node_dsn = conninfo_to_dict(environ["queuedb-1"]["SOKUTATSU_QUEUEDB_DSN"])
+    assert node_dsn["passfile"] == str(passfile)
+    assert "password" not in node_dsn
+    assert not [n for n, env in environ.items() if password in "".join(env.values())], "no password in any environment"
+    psql = subprocess.run(
+        [sys.executable, "-m", "sokutatsu.cli", "queuedb", "psql", "-tA", "-c", "select current_user"],
+        env={**os.environ, "SOKUTATSU_STATE_DIR": str(state), "SOKUTATSU_PG_DSN": ""},
+        capture_output=True,
+        text=True,
+        timeout=SERVING_LIMIT_SECONDS,
+        check=False,
+    )
+    assert (psql.returncode, psql.stdout) == (0, f"{SUPERUSER}\n"), psql.stderr
+
     out, err = launcher.stop(signal.SIGTERM)
     assert launcher.process.returncode == 0, err
     assert err == ""
+    connect = next((ln for ln in out.splitlines() if ln.startswith("PostgreSQL: ")), "")
+    assert "sokutatsu queuedb psql" in connect
+    assert f"passfile={passfile}" in connect, "the printed DSN names the passfile"
+    assert password not in out
     assert "Sokutatsu endpoints" in out
     for name in SERVICE_NAMES:
         assert name in out

@@ -187,7 +187,7 @@ def test_an_interrupted_first_start_leaves_nothing_behind(pg_tmp_folder: Path) -
         deadline = time.monotonic() + LIMIT_SECONDS
         # Aim at initdb: its hidden folder has PG_VERSION early on.
         while child.poll() is None and time.monotonic() < deadline:
-            if list(pg_tmp_folder.glob(".data.initdb-*/PG_VERSION")):
+            if list(pg_tmp_folder.glob(".data.initdb-*/data/PG_VERSION")):
                 break
             time.sleep(0.005)
         child.send_signal(signal.SIGINT)

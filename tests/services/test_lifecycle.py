@@ -186,6 +186,35 @@ def test_queuedb_with_unreachable_database_is_one_line() -> None:
     assert "Traceback" not in result.stderr
 
 
+# A password that libpq cannot parse, and so quotes in its error (issue #20 item 7).
+UNPARSABLE_DSN = "postgresql://x:s3%zzcret@127.0.0.1:1/db"
+
+
+@pytest.mark.parametrize(
+    ("module", "env"),
+    [
+        ("sokutatsu.queuedb", {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": UNPARSABLE_DSN}),
+        (
+            "sokutatsu.queuedb.transferd",
+            {
+                "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
+                "SOKUTATSU_TRANSFER_NODE": "node1",
+                "SOKUTATSU_TRANSFER_PEERS": "node2=127.0.0.1:1",
+                "SOKUTATSU_TRANSFER_DSN": UNPARSABLE_DSN,
+            },
+        ),
+    ],
+)
+def test_an_unparsable_dsn_is_one_line_without_the_password(module: str, env: dict[str, str]) -> None:
+    result = run_once(module, env)
+    assert result.returncode in {1, 2}
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "DSN" in lines[0]
+    assert "s3" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
 def test_server_spans_go_to_the_trace_dir(node_dsn: str, tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     proc = start_service(

@@ -27,7 +27,15 @@ from sokutatsu.cli import (
     simulate_command,
     status_command,
 )
-from sokutatsu.cli.launcher import Interrupted, Running, StopSignals, Suite, prepare_databases, state_lock
+from sokutatsu.cli.launcher import (
+    Interrupted,
+    Running,
+    StopSignals,
+    Suite,
+    connect_hint,
+    prepare_databases,
+    state_lock,
+)
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
 from sokutatsu.cli.topology import ServiceProcess, suite
 from sokutatsu.core.cluster import cluster_secret_source, load_secret
@@ -134,8 +142,7 @@ def _up_locked(state_dir: Path, pg: PostgresSettings, options: _Options, signals
     """Everything after the settings: lock, PostgreSQL, databases, the suite. Returns the exit status."""
     with state_lock(state_dir), provide_postgres(state_dir, pg) as dsn:
         try:
-            if pg.dsn:
-                console.print("PostgreSQL: the server of SOKUTATSU_PG_DSN")
+            console.print(connect_hint(dsn, external=bool(pg.dsn)), markup=False)
             specs = suite()
             # Before the event loop: blocking, and interruptible like the PostgreSQL start.
             prepare_databases(dsn, specs)
@@ -268,6 +275,9 @@ bench_app.command("soak")(bench_soak.bench_soak)
 app.add_typer(bench_app, name="bench")
 queuedb_app = typer.Typer(help="Queue-db administration.", no_args_is_help=True)
 queuedb_app.command("migrate")(queuedb_command.queuedb_migrate)
+queuedb_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    queuedb_command.queuedb_psql
+)
 app.add_typer(queuedb_app, name="queuedb")
 simulate_app = typer.Typer(help="Discrete-event simulations of the seeds' experiments.", no_args_is_help=True)
 simulate_app.command("atop")(simulate_command.simulate_atop)

@@ -35,7 +35,7 @@ from types import FrameType
 from typing import IO, Any
 
 from sokutatsu.cli.topology import ServiceProcess
-from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.embedded_pg import create_database, database_dsn, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.health import check
 
@@ -134,6 +134,17 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def connect_hint(pg_dsn: str, external: bool) -> str:
+    """How a person reaches the suite's PostgreSQL: the command, and a DSN without a password."""
+    shown = redact_dsn(pg_dsn)
+    if external:
+        return f"PostgreSQL: the server of SOKUTATSU_PG_DSN ({shown}); psql on it: sokutatsu queuedb psql"
+    return (
+        f'PostgreSQL: sokutatsu queuedb psql, or psql "{shown}" '
+        "(password logins only: the password is in the passfile it names)"
+    )
 
 
 def prepare_databases(pg_dsn: str, specs: list[ServiceProcess]) -> None:

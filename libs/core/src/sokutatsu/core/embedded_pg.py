@@ -25,6 +25,14 @@ Safety rules:
   the server is stopped again before the error propagates (``__exit__`` does
   not run when ``__enter__`` fails).
 
+* Only password logins (SCRAM-SHA-256) are accepted, for every role and
+  address (``pg_hba.conf`` has no ``trust`` line, see :mod:`sokutatsu.core.pg_auth`). The
+  superuser's password is generated at ``initdb`` and kept in the data folder's password
+  file (``sokutatsu.pgpass``, mode 0600), which :attr:`EmbeddedPostgres.dsn` names
+  (``passfile=``): the DSN itself carries no password. A folder without that file (made by an
+  older sokutatsu with ``trust``, or whose file was deleted) gets a new password, set with
+  the server stopped (single-user mode), and the password-only ``pg_hba.conf``.
+
 Every failure (no binaries, a folder owned by someone else, a server that does
 not start, an unreachable server) raises :class:`PostgresError` with one line
 saying what to do; DSNs in messages never show a password.
@@ -57,6 +65,15 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.core.errors import StartupError
+from sokutatsu.core.pg_auth import (
+    PASSFILE_MODE,
+    PASSFILE_NAME,
+    PG_HBA,
+    generate_password,
+    read_passfile,
+    scram_verifier,
+    set_password,
+)
 from sokutatsu.core.settings import Settings, parse_int, parse_optional_path, setting
 
 log = logging.getLogger(__name__)
@@ -277,13 +294,19 @@ class EmbeddedPostgres:
         return self.data_dir / "server.log"
 
     @property
+    def passfile(self) -> Path:
+        """The password file of this cluster's login roles (mode 0600)."""
+        return self.data_dir / PASSFILE_NAME
+
+    @property
     def dsn(self) -> str:
         return self.dsn_for("postgres")
 
     def dsn_for(self, database: str) -> str:
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+        """The superuser's DSN for ``database``; its password is read from :attr:`passfile`."""
+        return cluster_dsn(self.port, self.passfile, database)
 
-    def _run(self, *args: str, check: bool = True, finish: bool = True) -> _Result:
+    def _run(self, *args: str, check: bool = True, finish: bool = True, stdin_text: str | None = None) -> _Result:
         """Run a PostgreSQL program (as postgres when root) in its own session.
 
         Its own session keeps a terminal's Ctrl-C away from it: only this
@@ -292,10 +315,12 @@ class EmbeddedPostgres:
         server's state is known afterwards) or killed (``initdb``), and the
         interruption propagates.
         """
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as given:
+            given.write((stdin_text or "").encode())
+            given.seek(0)
             proc = subprocess.Popen(  # noqa: S603 - fixed binaries, built here
                 [*self._as_postgres, str(self.bindir / args[0]), *args[1:]],
-                stdin=subprocess.DEVNULL,
+                stdin=given if stdin_text is not None else subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
                 cwd="/",
@@ -357,7 +382,10 @@ class EmbeddedPostgres:
             self._initdb_into_place()
 
     def _initdb_into_place(self) -> None:
-        """initdb in a hidden sibling folder, configure it, then rename it to the data folder."""
+        """initdb in a hidden sibling folder, configure it, then rename it to the data folder.
+
+        The hidden folder holds the superuser's SCRAM verifier for ``initdb --pwfile`` (the
+        password itself never leaves this process) and the new cluster in ``data/``."""
         d = self.data_dir
         for leftover in d.parent.glob(f".{d.name}.initdb-*"):
             log.info("removing %s, left by an interrupted initdb", leftover)
@@ -367,23 +395,33 @@ class EmbeddedPostgres:
             if self._who is not None:
                 os.chown(tmp, self._who.uid, self._who.gid)
             tmp.chmod(0o700)
+            password = generate_password()
+            pwfile = tmp / "superuser.scram"
+            pwfile.write_text(scram_verifier(password) + "\n")
+            if self._who is not None:
+                os.chown(pwfile, self._who.uid, self._who.gid)
+            new = tmp / "data"
             self._run(
                 "initdb",
                 "-D",
-                str(tmp),
+                str(new),
                 "-U",
                 SUPERUSER,
-                "--auth=trust",
+                f"--pwfile={pwfile}",
+                "--auth-host=scram-sha-256",
+                "--auth-local=scram-sha-256",
                 "--encoding=UTF8",
                 "--locale=C",
                 "--no-instructions",
                 finish=False,
             )
-            with (tmp / "postgresql.conf").open("a") as conf:
+            with (new / "postgresql.conf").open("a") as conf:
                 conf.write(SERVER_CONF)
+            (new / "pg_hba.conf").write_text(PG_HBA)
+            set_password(new / PASSFILE_NAME, SUPERUSER, password)
             try:
                 # Replaces the data folder if it exists and is empty.
-                tmp.rename(d)
+                new.rename(d)
             except OSError as exc:
                 raise PostgresError(
                     f"cannot move the new cluster into {d}: {exc.strerror or exc}; "
@@ -392,7 +430,43 @@ class EmbeddedPostgres:
         except BaseException:
             _remove_tree(tmp)
             raise
-        log.info("initialised PostgreSQL cluster in %s", d)
+        _remove_tree(tmp)
+        log.info("initialised PostgreSQL cluster in %s (password logins only)", d)
+
+    def _has_password(self) -> bool:
+        """Whether the superuser's password is in the passfile (and the file is private again)."""
+        if SUPERUSER not in read_passfile(self.passfile):
+            return False
+        self.passfile.chmod(PASSFILE_MODE)
+        return True
+
+    def _secure_existing(self) -> None:
+        """Give a cluster without a passfile a new superuser password and the password-only pg_hba.conf.
+
+        The server must be stopped: the password is set in single-user mode, which needs no
+        login. Set first, the passfile written last, so an interruption is repaired by the next
+        start doing it again."""
+        password = generate_password()
+        statement = f"ALTER ROLE {SUPERUSER} PASSWORD '{scram_verifier(password)}';\n"
+        result = self._run(
+            "postgres", "--single", "-D", str(self.data_dir), "postgres", stdin_text=statement, check=False
+        )
+        said = f"{result.stdout}\n{result.stderr}"
+        if result.returncode != 0 or "ERROR" in said or "FATAL" in said:
+            raise PostgresError(
+                f"cannot set a password on the cluster in {self.data_dir}: {_last_error(said, result)}; "
+                "move that folder away to start a new cluster there"
+            )
+        hba = self.data_dir / "pg_hba.conf"
+        with hba.open("w") as out:  # in place: it keeps its owner (postgres when this is root)
+            out.write(PG_HBA)
+        set_password(self.passfile, SUPERUSER, password)
+        log.info(
+            "the cluster in %s had no password file (made with trust by an older sokutatsu, or the file "
+            "was deleted): it now takes password logins only; the new password is in %s",
+            self.data_dir,
+            self.passfile,
+        )
 
     def _lock(self) -> None:
         """Take the data folder for this object, or refuse if another process has it."""
@@ -450,6 +524,11 @@ class EmbeddedPostgres:
         self._lock()
         try:
             running = self._running_port()
+            if not self._has_password():
+                if running is not None:  # left by a crashed run; single-user mode needs it stopped
+                    self._shutdown_if_running()
+                    running = None
+                self._secure_existing()
             if running is not None:
                 # We hold the folder's lock, so no live sokutatsu process manages this server.
                 self.port = running
@@ -563,6 +642,32 @@ def _remove_tree(path: Path) -> None:
 # ------------------------------------------------------- using a server --
 
 
+def cluster_dsn(port: int, passfile: Path, database: str = "postgres") -> str:
+    """The superuser's DSN of an embedded cluster: no password, the ``passfile`` that holds it."""
+    return make_conninfo("", host="127.0.0.1", port=str(port), user=SUPERUSER, dbname=database, passfile=str(passfile))
+
+
+def running_cluster_dsn(data_dir: Path, database: str = "postgres") -> str:
+    """The DSN of the embedded cluster running on ``data_dir`` (started by another process).
+
+    PostgresError (one line) when no server runs there or it has no password file."""
+    data_dir = data_dir.resolve()
+    passfile = data_dir / PASSFILE_NAME
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+        with contextlib.suppress(PermissionError):  # alive, as another user
+            os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        raise PostgresError(
+            f"no PostgreSQL is running on {data_dir}: start the suite first (sokutatsu up), "
+            "or point SOKUTATSU_STATE_DIR or SOKUTATSU_PG_DATA at the folder of the one that runs"
+        ) from None
+    if not passfile.is_file():
+        raise PostgresError(f"{passfile} does not exist: restart the suite (sokutatsu up) to make it")
+    return cluster_dsn(port, passfile, database)
+
+
 def redact_dsn(dsn: str) -> str:
     """``dsn`` without its password, for messages."""
     try:
@@ -570,7 +675,9 @@ def redact_dsn(dsn: str) -> str:
     except psycopg.Error:
         return "<unparsable DSN>"
     shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
-    return make_conninfo("", **shown)
+    # Where first, as a person writes a DSN (libpq's own order puts user and passfile first).
+    first = {k: shown.pop(k) for k in ("host", "hostaddr", "port", "user", "dbname") if k in shown}
+    return make_conninfo("", **first, **shown)
 
 
 def _secrets(dsn: str) -> list[str]:
@@ -608,6 +715,14 @@ def create_database(dsn: str, name: str) -> None:
         return  # created meanwhile by someone else
     except psycopg.Error as exc:
         raise PostgresError(f"cannot create database {name} on PostgreSQL at {where}: {error_line(exc, dsn)}") from None
+
+
+def check_dsn(dsn: str) -> None:
+    """PostgresError (one line, without the password) when libpq cannot parse ``dsn``."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise PostgresError(f"unusable PostgreSQL DSN {redact_dsn(dsn)}: {error_line(exc, dsn)}") from None
 
 
 def database_dsn(dsn: str, name: str) -> str:

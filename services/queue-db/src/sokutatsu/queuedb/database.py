@@ -7,15 +7,11 @@ import logging
 
 import psycopg
 
-from sokutatsu.core.embedded_pg import redact_dsn
+from sokutatsu.core.embedded_pg import error_line, redact_dsn
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
-
-
-# One redaction for every DSN shown to a person.
-redact = redact_dsn
 
 
 async def server_version(dsn: str) -> str:
@@ -39,10 +35,10 @@ async def watch(dsn: str, interval: float, on_change: asyncio.Queue[bool] | None
         except psycopg.Error as exc:
             now = False
             if reachable:
-                log.warning("database %s does not answer: %s", redact(dsn), str(exc).strip())
+                log.warning("database %s does not answer: %s", redact_dsn(dsn), error_line(exc, dsn))
         if now != reachable:
             reachable = now
             if now:
-                log.info("database %s answers again", redact(dsn))
+                log.info("database %s answers again", redact_dsn(dsn))
             if on_change is not None:
                 on_change.put_nowait(now)

@@ -12,7 +12,7 @@ import psycopg
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from sokutatsu.core.embedded_pg import error_line
+from sokutatsu.core.embedded_pg import error_line, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError
@@ -46,7 +46,7 @@ def build(settings: QueueDbSettings) -> Register:
         raise SettingsError(f"{QueueDbSettings.env_prefix}DSN is not set: give this node's PostgreSQL DSN")
 
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
-        where = database.redact(settings.dsn)
+        where = redact_dsn(settings.dsn)
         try:
             version = await database.server_version(settings.dsn)
         except psycopg.Error as exc:
@@ -66,7 +66,7 @@ def build(settings: QueueDbSettings) -> Register:
             "node %s uses PostgreSQL %s at %s; schema migrations applied now: %s",
             settings.instance,
             version,
-            database.redact(settings.dsn),
+            redact_dsn(settings.dsn),
             applied or "none",
         )
         db = Database(settings.dsn, settings.pool_size)

@@ -49,6 +49,7 @@ from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from sokutatsu.client._retry import broken_write
+from sokutatsu.core.embedded_pg import PostgresError, check_dsn
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
@@ -639,6 +640,10 @@ async def listen(dsn: str, links: dict[str, PeerLink]) -> None:
 def build(settings: TransferSettings) -> Register:
     if not settings.dsn:
         raise SettingsError(f"{TransferSettings.env_prefix}DSN is not set: give this node's PostgreSQL DSN")
+    try:
+        check_dsn(settings.dsn)
+    except PostgresError as exc:  # before any connection: libpq's parse errors quote the DSN, password too
+        raise SettingsError(f"{TransferSettings.env_prefix}DSN: {exc}") from None
     if not settings.peers:
         raise SettingsError(f"{TransferSettings.env_prefix}PEERS is empty: name the receiving nodes, node=host:port")
 
