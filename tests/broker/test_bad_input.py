@@ -173,6 +173,7 @@ async def test_an_unknown_overflow_mode_is_refused_naming_the_allowed_values(bro
         created = await admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=sub), timeout=10)
         assert created.subscription.overflow_mode == broker_pb2.OVERFLOW_MODE_MIGRATE
 
+
 PUBLISHER_SCRIPT = """
 import asyncio, sys
 from sokutatsu.client import Publisher
@@ -279,9 +280,7 @@ async def test_control_rpcs_refuse_bad_requests(broker: BrokerProcess) -> None:
             control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=3), timeout=10)
         )
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "broker-a is already active at epoch 3: a different role needs a newer epoch" in (
-            error.details() or ""
-        )
+        assert "broker-a is already active at epoch 3: a different role needs a newer epoch" in (error.details() or "")
         role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
         assert (role.role, role.epoch) == (broker_pb2.BROKER_ROLE_ACTIVE, 3)
         error = await _status(control.SetRole(broker_pb2.SetRoleRequest(role=99, epoch=4), timeout=10))  # type: ignore[arg-type]

@@ -563,14 +563,21 @@ def _remove_tree(path: Path) -> None:
 # ------------------------------------------------------- using a server --
 
 
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password, for messages."""
+def redact_dsn(dsn: str, *, database: bool = True) -> str:
+    """Where ``dsn`` points, for messages: ``host:port/dbname`` (``host:port`` with ``database=False``),
+    several hosts comma-separated. Never the user, the password or any other parameter: this is the
+    one way a DSN is shown, in logs, errors and gRPC statuses alike (issue #20)."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.Error:
         return "<unparsable DSN>"
-    shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
-    return make_conninfo("", **shown)
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) < len(hosts):
+        ports += [ports[-1]] * (len(hosts) - len(ports))
+    shown = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False))
+    name = params.get("dbname")
+    return f"{shown}/{name}" if database and name else shown
 
 
 def _secrets(dsn: str) -> list[str]:

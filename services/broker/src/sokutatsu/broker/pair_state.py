@@ -70,7 +70,7 @@ def role_name(role: Role) -> str:
     return broker_pb2.BrokerRole.Name(role).removeprefix("BROKER_ROLE_").lower()
 
 
-def check_role(role: int, field: str) -> Role:
+def check_role(role: int, field: str) -> None:
     """``role`` when a broker can hold it (ACTIVE or STANDBY); else ``InvalidArgument`` naming ``field``
     and the allowed values (an unknown number is never read as either)."""
     if role not in (ACTIVE, STANDBY):
@@ -78,7 +78,6 @@ def check_role(role: int, field: str) -> Role:
             f"{field} {role} is not a role a broker takes: use BROKER_ROLE_ACTIVE = {ACTIVE} or "
             f"BROKER_ROLE_STANDBY = {STANDBY}"
         )
-    return role
 
 
 @dataclass
