@@ -7,14 +7,14 @@ import logging
 
 import psycopg
 
-from sokutatsu.core.embedded_pg import redact_dsn
+from sokutatsu.core.embedded_pg import error_line, redact_dsn
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
 
 
-# One redaction for every DSN shown to a person.
+# One redaction for every DSN shown to a person: host:port/dbname, never the user or password.
 redact = redact_dsn
 
 
@@ -39,7 +39,7 @@ async def watch(dsn: str, interval: float, on_change: asyncio.Queue[bool] | None
         except psycopg.Error as exc:
             now = False
             if reachable:
-                log.warning("database %s does not answer: %s", redact(dsn), str(exc).strip())
+                log.warning("database %s does not answer: %s", redact(dsn), error_line(exc, dsn))
         if now != reachable:
             reachable = now
             if now:
