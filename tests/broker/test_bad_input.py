@@ -174,6 +174,19 @@ async def test_an_unknown_overflow_mode_is_refused_naming_the_allowed_values(bro
         assert created.subscription.overflow_mode == broker_pb2.OVERFLOW_MODE_MIGRATE
 
 
+async def test_a_peer_frame_with_an_unknown_role_is_refused(broker: BrokerProcess) -> None:
+    """A DeliveredWatermarks frame's role is ACTIVE or STANDBY; 99 is not read as either."""
+    async with aio.insecure_channel(broker.address) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        frame = broker_pb2.DeliveredWatermarks(broker_id="broker-x", epoch=1, session=1)
+        frame.role = 99  # type: ignore[assignment]
+        error = await _status(control.ReplicateWatermarks(iter([frame]), timeout=10))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "DeliveredWatermarks.role 99 is not a role a broker takes" in (error.details() or "")
+        role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
+        assert role.role == broker_pb2.BROKER_ROLE_ACTIVE
+
+
 PUBLISHER_SCRIPT = """
 import asyncio, sys
 from sokutatsu.client import Publisher

@@ -26,9 +26,9 @@ INSUFFICIENT_RESOURCES = "53"
 # SQLSTATE classes a request's values cause: 22 data exception, 54 program limit exceeded.
 CAUSED_BY_THE_REQUEST = ("22", "54")
 # SQLSTATEs of a database that does not answer (besides no SQLSTATE at all: the connection broke):
-# class 08 connection exception, 57P01-57P03 shutting down or not accepting connections yet,
-# class 58 system error (I/O).
-NOT_ANSWERING = ("08", "57P01", "57P02", "57P03", "58")
+# class 08 connection exception, 57014 a statement cancelled (statement_timeout), 57P01-57P03
+# shutting down or not accepting connections yet, class 58 system error (I/O).
+NOT_ANSWERING = ("08", "57014", "57P01", "57P02", "57P03", "58")
 
 
 class Database:
