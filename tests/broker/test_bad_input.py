@@ -145,6 +145,49 @@ async def test_admin_errors(broker: BrokerProcess) -> None:
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_an_unknown_overflow_mode_is_refused_naming_the_allowed_values(broker: BrokerProcess) -> None:
+    """Issue #20: overflow_mode 99 was stored silently as the broker's default (flow-to-disk)."""
+    async with aio.insecure_channel(broker.address) as channel:
+        admin = broker_pb2_grpc.BrokerAdminStub(channel)
+        sub = broker_pb2.Subscription(subscriber_id="s99", topic="t99", durable=True, overflow_mode=99)  # type: ignore[arg-type]
+        error = await _status(admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=sub)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = error.details() or ""
+        assert "Subscription.overflow_mode 99 is not an OverflowMode" in details
+        assert "OVERFLOW_MODE_FLOW_TO_DISK = 1, OVERFLOW_MODE_MIGRATE = 2" in details
+        listed = await admin.ListSubscriptions(broker_pb2.ListSubscriptionsRequest(), timeout=10)
+        assert [s.subscriber_id for s in listed.subscriptions] == []
+        # A non-durable subscription opened on the stream is refused the same way.
+        call = channel.stream_stream(
+            "/sokutatsu.broker.v1.Broker/Subscribe",
+            request_serializer=broker_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=broker_pb2.SubscribeResponse.FromString,
+        )()
+        opening = broker_pb2.SubscribeOpen(subscription=sub, credits=1)
+        opening.subscription.durable = False
+        await call.write(broker_pb2.SubscribeRequest(open=opening))
+        error = await _status(call.read())
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Subscription.overflow_mode 99" in (error.details() or "")
+        # The known values are taken.
+        sub.overflow_mode = broker_pb2.OVERFLOW_MODE_MIGRATE
+        created = await admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=sub), timeout=10)
+        assert created.subscription.overflow_mode == broker_pb2.OVERFLOW_MODE_MIGRATE
+
+
+async def test_a_peer_frame_with_an_unknown_role_is_refused(broker: BrokerProcess) -> None:
+    """A DeliveredWatermarks frame's role is ACTIVE or STANDBY; 99 is not read as either."""
+    async with aio.insecure_channel(broker.address) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        frame = broker_pb2.DeliveredWatermarks(broker_id="broker-x", epoch=1, session=1)
+        frame.role = 99  # type: ignore[assignment]
+        error = await _status(control.ReplicateWatermarks(iter([frame]), timeout=10))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "DeliveredWatermarks.role 99 is not a role a broker takes" in (error.details() or "")
+        role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
+        assert role.role == broker_pb2.BROKER_ROLE_ACTIVE
+
+
 PUBLISHER_SCRIPT = """
 import asyncio, sys
 from sokutatsu.client import Publisher
@@ -240,7 +283,25 @@ async def test_control_rpcs_refuse_bad_requests(broker: BrokerProcess) -> None:
             control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=2), timeout=10)
         )
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "epoch 2" in (error.details() or "")
+        assert "epoch 2 is older than broker-a's epoch 3" in (error.details() or "")
+        # The same role at the same epoch: a SetRole re-sent after a lost answer is OK, and changes nothing.
+        again = await control.SetRole(
+            broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=3), timeout=10
+        )
+        assert (again.role, again.epoch) == (broker_pb2.BROKER_ROLE_ACTIVE, 3)
+        # Another role at the same epoch: a role change needs a newer epoch.
+        error = await _status(
+            control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_STANDBY, epoch=3), timeout=10)
+        )
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "broker-a is already active at epoch 3: a different role needs a newer epoch" in (error.details() or "")
+        role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
+        assert (role.role, role.epoch) == (broker_pb2.BROKER_ROLE_ACTIVE, 3)
+        error = await _status(control.SetRole(broker_pb2.SetRoleRequest(role=99, epoch=4), timeout=10))  # type: ignore[arg-type]
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "SetRoleRequest.role 99 is not a role a broker takes: use BROKER_ROLE_ACTIVE = 1 or" in (
+            error.details() or ""
+        )
         error = await _status(
             control.SetRole(broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_UNSPECIFIED, epoch=4), timeout=10)
         )

@@ -22,6 +22,7 @@ from sokutatsu.core.embedded_pg import (
     find_bindir,
     free_port,
     provide_postgres,
+    redact_dsn,
 )
 from tests.fix_pg import PgServer, docker_engine_problem
 from tests.helpers import pid_alive
@@ -276,3 +277,20 @@ def test_free_ports_are_below_the_ephemeral_range_and_bindable() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown", "host_port"),
+    [
+        ("postgresql://sokutatsu:secret@127.0.0.1:5433/node1", "127.0.0.1:5433/node1", "127.0.0.1:5433"),
+        ("user=sokutatsu password=secret dbname=node1 host=db port=5432", "db:5432/node1", "db:5432"),
+        ("host=a,b port=1,2 dbname=z user=u", "a:1,b:2/z", "a:1,b:2"),
+        ("postgresql:///node1?sslpassword=secret", "localhost:5432/node1", "localhost:5432"),
+        ("password=secret garbage", "<unparsable DSN>", "<unparsable DSN>"),
+    ],
+)
+def test_a_dsn_is_shown_as_where_it_points_never_its_user_or_password(dsn: str, shown: str, host_port: str) -> None:
+    """Issue #20: a status said ``user=sokutatsu dbname=... host=... port=...``; the one redaction helper
+    shows host:port and the database only."""
+    assert redact_dsn(dsn) == shown
+    assert redact_dsn(dsn, database=False) == host_port

@@ -136,7 +136,7 @@ class StubAdapter:
         model = self.model
         model.call("set_role")
         if request.role not in (broker_pb2.BROKER_ROLE_ACTIVE, broker_pb2.BROKER_ROLE_STANDBY):
-            raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "SetRole.role must be ACTIVE or STANDBY")
+            raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "SetRoleRequest.role is not a role a broker takes")
         if request.epoch > MAX_EPOCH:
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, f"SetRole: epoch {request.epoch} is over {MAX_EPOCH}")
         role = "active" if request.role == broker_pb2.BROKER_ROLE_ACTIVE else "standby"

@@ -137,6 +137,7 @@ def pair(tmp_path: Path, pg_tmp_folder: Path) -> Iterator[Pair]:
                 **common,
                 "SOKUTATSU_QUEUEDB_LISTEN": address1,
                 "SOKUTATSU_QUEUEDB_INSTANCE": "node1",
+                "SOKUTATSU_QUEUEDB_PEERS": "node2",
                 "SOKUTATSU_QUEUEDB_DSN": node1.dsn,
             },
             tmp_path / "node1",

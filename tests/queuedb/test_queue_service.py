@@ -61,6 +61,7 @@ def node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Node]:
         "SOKUTATSU_QUEUEDB_DSN": dsn,
         "SOKUTATSU_QUEUEDB_MAX_BATCH": str(MAX_BATCH),
         "SOKUTATSU_QUEUEDB_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "SOKUTATSU_QUEUEDB_PEERS": "node2,node3",
         "SOKUTATSU_GRACE_SECONDS": "1",
     }
     proc = start_service("sokutatsu.queuedb", env, tmp_path)
@@ -238,9 +239,12 @@ async def test_dequeue_leases_in_seq_order_and_hides_leased_messages(queues: Stu
     # max_messages left at 0 means one.
     await _enqueue(queues, "jobs", b"a", b"b")
     assert [m.body for m in await _dequeue(queues, "jobs", 0)] == [b"a"]
-    # More than MAX_BATCH asked: capped, not refused.
+    # MAX_BATCH asked: served; more is refused (issue #20: no answer says how many were granted).
     await _enqueue(queues, "jobs", *[b"x"] * MAX_BATCH)
-    assert len(await _dequeue(queues, "jobs", MAX_BATCH * 10)) == MAX_BATCH
+    code, details = await _refused(_dequeue(queues, "jobs", MAX_BATCH * 10))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"over the maximum of {MAX_BATCH} (SOKUTATSU_QUEUEDB_MAX_BATCH)" in details
+    assert len(await _dequeue(queues, "jobs", MAX_BATCH)) == MAX_BATCH
 
 
 async def test_concurrent_consumers_never_share_a_message(queues: Stub) -> None:

@@ -326,7 +326,12 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     finally:
         _set_connections(pg_dsn, node2, allowed=True)
     assert down.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "does not answer" in (down.value.details() or "")
+    details = down.value.details() or ""
+    # The node and host:port, never the DSN (issue #20: "user=... dbname=... host=... port=...").
+    conninfo = psycopg.conninfo.conninfo_to_dict(node2)
+    assert f"node node2's database at {conninfo['host']}:{conninfo['port']} does not answer" in details
+    assert str(conninfo["dbname"]) not in details
+    assert "user=" not in details
     committed = first + second
     await _until(
         lambda: len(queue_bodies(node2)) >= len(committed), "the transfer to resume", (receiver, daemon), (node1, node2)

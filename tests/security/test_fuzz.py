@@ -30,7 +30,9 @@ import importlib
 import itertools
 import json
 import os
+import random
 import re
+import string
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -1068,5 +1070,184 @@ def test_large_concurrent_frames_leave_memory_bounded(targets: Targets, name: st
     grown = _rss(target.pid) - settled
     assert seen <= DOCUMENTED | ALSO_DOCUMENTED.get(name, set()), seen
     assert grown <= RSS_GROWTH_BOUND, f"{name} grew {grown / 2**20:.0f} MiB under large frames"
+
+
+# ------------------------------------------------------------------------- issue #20, item 6 --
+# 10,000 letters that do not compress: PostgreSQL compresses "x" * 10_000 enough to index it, but
+# this one reached its btree ("index row requires 10016 bytes") and came back UNAVAILABLE with the DSN.
+LONG_NAME = "".join(random.Random(20).choices(string.ascii_letters, k=10_000))  # noqa: S311 - test data
+
+
+def _transfer_batch(sender: str, queue: str) -> queuedb_pb2.TransferBatch:
+    message = queuedb_pb2.TransferredMessage(transfer_id=1, queue=queue, body=b"x")
+    return queuedb_pb2.TransferBatch(sender_node=sender, messages=[message])
+
+
+def _deliver(channel: grpc.Channel, batch: queuedb_pb2.TransferBatch) -> None:
+    queuedb_pb2_grpc.TransferStub(channel).Deliver(batch, timeout=RPC_SECONDS)
+
+
+def _deliver_stream(channel: grpc.Channel, batch: queuedb_pb2.TransferBatch) -> None:
+    for _ in queuedb_pb2_grpc.TransferStub(channel).DeliverStream(iter([batch]), timeout=RPC_SECONDS):
+        pass
+
+
+@pytest.mark.parametrize("rpc", ["Deliver", "DeliverStream"])
+@pytest.mark.parametrize("field_name", ["sender_node", "queue"])
+def test_a_long_name_on_the_transfer_endpoint_is_invalid_argument_without_the_dsn(
+    targets: Targets, rpc: str, field_name: str
+) -> None:
+    target = targets.get("queuedb")
+    assert target.channel is not None
+    sender = LONG_NAME if field_name == "sender_node" else f"fuzz-long-{next(_fresh)}"
+    batch = _transfer_batch(sender, LONG_NAME if field_name == "queue" else "q1")
+    with pytest.raises(grpc.RpcError) as refused:
+        (_deliver if rpc == "Deliver" else _deliver_stream)(target.channel, batch)
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details[:500]
+    assert field_name in details, details
+    assert "is not a valid name" in details, details
+    assert f"({len(LONG_NAME)} characters)" in details, details
+    assert "dbname" not in details, details
+    assert "user=" not in details, details
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+def test_create_queue_refuses_a_node_it_does_not_know(targets: Targets) -> None:
+    target = targets.get("queuedb")
+    assert target.channel is not None
+    rule = queuedb_pb2.TransferRule(to_node="nowhere", immediate=True)
+    request = queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name="fuzz-nowhere", transfer=rule))
+    with pytest.raises(grpc.RpcError) as refused:
+        queuedb_pb2_grpc.QueueServiceStub(target.channel).CreateQueue(request, timeout=RPC_SECONDS)
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert "TransferRule.to_node 'nowhere' is not a node this node forwards to" in details, details
+    assert "SOKUTATSU_QUEUEDB_PEERS" in details, details
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+def test_an_unknown_overflow_mode_is_invalid_argument(targets: Targets) -> None:
+    target = targets.get("broker")
+    assert target.channel is not None
+    sub = broker_pb2.Subscription(subscriber_id="fuzz-mode-99", topic=CANARY_TOPIC, durable=True)
+    sub.overflow_mode = 99  # type: ignore[assignment]
+    with pytest.raises(grpc.RpcError) as refused:
+        broker_pb2_grpc.BrokerAdminStub(target.channel).CreateSubscription(
+            broker_pb2.CreateSubscriptionRequest(subscription=sub), timeout=RPC_SECONDS
+        )
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert "Subscription.overflow_mode 99 is not an OverflowMode" in details, details
+    problem = target.unharmed()
+    assert not problem, problem
+
+
+# Every numeric field of a queue-db request message, at the end of its type (or an undefined enum
+# number), in an otherwise valid request: refused INVALID_ARGUMENT naming the field.
+U32, U64 = 2**32 - 1, 2**64 - 1
+
+
+def _extreme_dequeue(**fields: int) -> Callable[[grpc.Channel], None]:
+    def call(channel: grpc.Channel) -> None:
+        request = queuedb_pb2.DequeueRequest(queue="q1", **fields)
+        queuedb_pb2_grpc.QueueServiceStub(channel).Dequeue(request, timeout=RPC_SECONDS)
+
+    return call
+
+
+def _extreme_rule(**fields: int) -> Callable[[grpc.Channel], None]:
+    def call(channel: grpc.Channel) -> None:
+        rule = queuedb_pb2.TransferRule(to_node="node2", **fields)  # type: ignore[arg-type]
+        request = queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name="fuzz-extreme", transfer=rule))
+        queuedb_pb2_grpc.QueueServiceStub(channel).CreateQueue(request, timeout=RPC_SECONDS)
+
+    return call
+
+
+def _extreme_nack(channel: grpc.Channel) -> None:
+    request = queuedb_pb2.NackRequest(queue="q1", delay_ms=U32)
+    queuedb_pb2_grpc.QueueServiceStub(channel).Nack(request, timeout=RPC_SECONDS)
+
+
+def _extreme_transferred(**fields: int) -> Callable[[grpc.Channel], None]:
+    def call(channel: grpc.Channel) -> None:
+        batch = _transfer_batch(f"fuzz-extreme-{next(_fresh)}", "q1")
+        for name, value in fields.items():
+            setattr(batch.messages[0], name, value)
+        _deliver(channel, batch)
+
+    return call
+
+
+# (message.field, the call, what the refusal says)
+EXTREME: dict[str, tuple[Callable[[grpc.Channel], None], str]] = {
+    "DequeueRequest.max_messages": (_extreme_dequeue(max_messages=U32), "DequeueRequest.max_messages of 4,294,967,295"),
+    "DequeueRequest.visibility_timeout_ms": (
+        _extreme_dequeue(visibility_timeout_ms=U32),
+        "DequeueRequest.visibility_timeout_ms of 4,294,967,295",
+    ),
+    "DequeueRequest.wait_ms": (_extreme_dequeue(wait_ms=U32), "DequeueRequest.wait_ms of 4,294,967,295"),
+    "NackRequest.delay_ms": (_extreme_nack, "NackRequest.delay_ms of 4,294,967,295"),
+    "TransferRule.min_batch": (_extreme_rule(min_batch=U32), "TransferRule.min_batch of 4,294,967,295"),
+    "TransferRule.max_age_ms": (_extreme_rule(max_age_ms=U32), "TransferRule.max_age_ms of 4,294,967,295"),
+    "TransferRule.durability": (_extreme_rule(durability=99), "TransferRule.durability 99 is not a RemoteDurability"),
+    "TransferredMessage.transfer_id": (_extreme_transferred(transfer_id=U64), f"messages[0].transfer_id of {U64}"),
+    "TransferredMessage.enqueued_unix_nano": (
+        _extreme_transferred(enqueued_unix_nano=U64),
+        f"messages[0].enqueued_unix_nano of {U64}",
+    ),
+    "TransferredMessage.durability": (
+        _extreme_transferred(durability=99),
+        "messages[0].durability 99 is not a Durability",
+    ),
+}
+
+
+def _numeric_request_fields() -> set[str]:
+    """Every numeric or enum field of the messages the queue-db services take, nested ones too."""
+    numeric = {
+        FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED32,
+        FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_ENUM, FieldDescriptor.TYPE_FLOAT,
+        FieldDescriptor.TYPE_DOUBLE,
+    }  # fmt: skip
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = [
+        m.input_type
+        for name in ("QueueService", "Transfer")
+        for m in queuedb_pb2.DESCRIPTOR.services_by_name[name].methods
+    ]
+    while pending:
+        message = pending.pop()
+        if message.full_name in seen:
+            continue
+        seen.add(message.full_name)
+        for item in message.fields:
+            if item.message_type is not None:
+                pending.append(item.message_type)
+            elif item.type in numeric:
+                found.add(f"{message.name}.{item.name}")
+    return found
+
+
+def test_every_numeric_field_of_queuedb_requests_has_an_extreme_probe() -> None:
+    assert set(EXTREME) == _numeric_request_fields()
+
+
+@pytest.mark.parametrize("probe", EXTREME)
+def test_an_extreme_number_in_a_queuedb_request_is_refused_naming_its_field(targets: Targets, probe: str) -> None:
+    call, says = EXTREME[probe]
+    target = targets.get("queuedb")
+    assert target.channel is not None
+    with pytest.raises(grpc.RpcError) as refused:
+        call(target.channel)
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert says in details, details
     problem = target.unharmed()
     assert not problem, problem

@@ -75,7 +75,7 @@ PREFIX = {
 }
 # What the first call answers: served RPCs answer, pending ones name their issue.
 FIRST_CALL = {
-    "sokutatsu.broker": (grpc.StatusCode.INVALID_ARGUMENT, "SetRole.role must be ACTIVE or STANDBY"),
+    "sokutatsu.broker": (grpc.StatusCode.INVALID_ARGUMENT, "SetRoleRequest.role 0 is not a role a broker takes"),
     "sokutatsu.monitor": (grpc.StatusCode.OK, ""),
     "sokutatsu.sequencer": (grpc.StatusCode.OK, ""),
     "sokutatsu.queuedb": (grpc.StatusCode.OK, ""),

@@ -499,7 +499,7 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
     flushes_before = _wal_syncs(node1), _wal_syncs(node2)
     with (
         service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver,
-        service_process(*QUEUEDB, run_folder, "node1", dsn=node1) as sender,
+        service_process(*QUEUEDB, run_folder, "node1", dsn=node1, peers="node2") as sender,
         service_process(*TRANSFERD, run_folder, "transfer", node="node1", dsn=node1, peers=f"node2={receiver.address}"),
     ):
         async with open_channel(sender.address) as channel:

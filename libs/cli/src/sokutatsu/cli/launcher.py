@@ -35,7 +35,7 @@ from types import FrameType
 from typing import IO, Any
 
 from sokutatsu.cli.topology import ServiceProcess
-from sokutatsu.core.embedded_pg import create_database, database_dsn, redact_dsn
+from sokutatsu.core.embedded_pg import create_database, database_dsn, dsn_without_password, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.health import check
 
@@ -138,11 +138,10 @@ def state_lock(state_dir: Path) -> Iterator[None]:
 
 def connect_hint(pg_dsn: str, external: bool) -> str:
     """How a person reaches the suite's PostgreSQL: the command, and a DSN without a password."""
-    shown = redact_dsn(pg_dsn)
     if external:
-        return f"PostgreSQL: the server of SOKUTATSU_PG_DSN ({shown}); psql on it: sokutatsu queuedb psql"
+        return f"PostgreSQL: the server of SOKUTATSU_PG_DSN ({redact_dsn(pg_dsn)}); psql on it: sokutatsu queuedb psql"
     return (
-        f'PostgreSQL: sokutatsu queuedb psql, or psql "{shown}" '
+        f'PostgreSQL: sokutatsu queuedb psql, or psql "{dsn_without_password(pg_dsn)}" '
         "(password logins only: the password is in the passfile it names)"
     )
 

@@ -114,6 +114,8 @@ def suite() -> list[ServiceProcess]:
             "queue-db node 1",
             queuedb,
             database="sokutatsu_node1",
+            # The nodes its queues may forward to (TransferRule.to_node), as transfer-1 sends to them.
+            env={"SOKUTATSU_QUEUEDB_PEERS": "queuedb-2"},
         ),
         ServiceProcess(
             "queuedb-2",

@@ -668,16 +668,31 @@ def running_cluster_dsn(data_dir: Path, database: str = "postgres") -> str:
     return cluster_dsn(port, passfile, database)
 
 
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password, for messages."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return "<unparsable DSN>"
+def dsn_without_password(dsn: str) -> str:
+    """``dsn`` as a conninfo string a person can paste into psql, its password left out (a passfile it
+    names stays): for the launcher's hint; logs and statuses show :func:`redact_dsn`."""
+    params = conninfo_to_dict(dsn)
     shown = {k: str(v) for k, v in params.items() if k != "password" and v is not None}
     # Where first, as a person writes a DSN (libpq's own order puts user and passfile first).
     first = {k: shown.pop(k) for k in ("host", "hostaddr", "port", "user", "dbname") if k in shown}
     return make_conninfo("", **first, **shown)
+
+
+def redact_dsn(dsn: str, *, database: bool = True) -> str:
+    """Where ``dsn`` points, for messages: ``host:port/dbname`` (``host:port`` with ``database=False``),
+    several hosts comma-separated. Never the user, the password or any other parameter: this is the
+    one way a DSN is shown, in logs, errors and gRPC statuses alike (issue #20)."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "<unparsable DSN>"
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) < len(hosts):
+        ports += [ports[-1]] * (len(hosts) - len(ports))
+    shown = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=False))
+    name = params.get("dbname")
+    return f"{shown}/{name}" if database and name else shown
 
 
 def _secrets(dsn: str) -> list[str]:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from grpc import aio
 
 from sokutatsu.broker.broker import Broker
-from sokutatsu.broker.pair_state import ACTIVE
+from sokutatsu.broker.pair_state import ACTIVE, check_role
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
@@ -154,6 +154,7 @@ async def _frames(
 
 async def receive_watermarks(broker: Broker, frames: AsyncIterator[broker_pb2.DeliveredWatermarks]) -> None:
     async for frame in frames:
+        check_role(frame.role, "DeliveredWatermarks.role")
         broker.apply_watermarks(frame)
         if frame.subscriptions:
             await broker.adopt_subscriptions(frame.subscriptions)

@@ -6,7 +6,12 @@ below are enforced here and nowhere else.
 1. **Epochs only grow and stay within their type.** A role change carries an epoch at
    least the current one; an epoch above :data:`MAX_EPOCH` (2^62, far below uint64's
    end, so ``epoch + 1`` always encodes) is refused (``SetRole``) or ignored (a peer's
-   frame): no caller can exhaust the pair's epochs.
+   frame): no caller can exhaust the pair's epochs. ``SetRole`` with an older epoch is
+   refused (FAILED_PRECONDITION); at the current epoch it is a command the monitor sent
+   again after losing the answer: OK when it asks for the role held (nothing changes),
+   FAILED_PRECONDITION when it asks for another (a role change needs a newer epoch). A
+   role is ACTIVE or STANDBY: any other number (``SetRole``, a peer's frame) is
+   INVALID_ARGUMENT (:func:`check_role`).
 2. **A restarted broker comes back as standby.** Once a broker has known a peer, it
    records the peer and its epoch in ``<STATE_DIR>/pair.json``; a start that finds the
    file is a restart and begins as ``STANDBY`` at the recorded epoch, whatever
@@ -63,6 +68,16 @@ PAIR_FILE = "pair.json"
 
 def role_name(role: Role) -> str:
     return broker_pb2.BrokerRole.Name(role).removeprefix("BROKER_ROLE_").lower()
+
+
+def check_role(role: int, field: str) -> None:
+    """``role`` when a broker can hold it (ACTIVE or STANDBY); else ``InvalidArgument`` naming ``field``
+    and the allowed values (an unknown number is never read as either)."""
+    if role not in (ACTIVE, STANDBY):
+        raise InvalidArgument(
+            f"{field} {role} is not a role a broker takes: use BROKER_ROLE_ACTIVE = {ACTIVE} or "
+            f"BROKER_ROLE_STANDBY = {STANDBY}"
+        )
 
 
 @dataclass
@@ -215,13 +230,18 @@ class PairState:
 
     def set_by_monitor(self, role: Role, epoch: int) -> bool:
         """``SetRole``, fenced by epoch (invariant 1); True when the role changed."""
-        if role not in (ACTIVE, STANDBY):
-            raise InvalidArgument("SetRole.role must be ACTIVE or STANDBY")
+        check_role(role, "SetRoleRequest.role")
         self.check_epoch(epoch, "SetRole")
-        if epoch < self.epoch or (epoch == self.epoch and role != self.role):
+        if epoch < self.epoch:
             raise FailedPrecondition(
-                f"epoch {epoch} is not newer than {self.instance}'s epoch {self.epoch}; a newer monitor decision exists"
+                f"epoch {epoch} is older than {self.instance}'s epoch {self.epoch}; a newer decision exists"
             )
+        if epoch == self.epoch and role != self.role:
+            raise FailedPrecondition(
+                f"{self.instance} is already {role_name(self.role)} at epoch {epoch}: a different role needs a "
+                "newer epoch"
+            )
+        # The same role at the same epoch is a re-sent SetRole (its answer was lost): OK, nothing changes.
         return self.change(role, epoch, "set by the monitor")
 
     def promote_alone(self, why: str) -> bool:

@@ -46,6 +46,12 @@ class SubscriptionSpec:
         for key in [*sub.filter.exact_keys, *sub.filter.prefixes]:
             if not key or len(key) > 256:
                 raise InvalidArgument(f"filter entry {echo(key)}: keys and prefixes are 1-256 characters")
+        if sub.overflow_mode not in broker_pb2.OverflowMode.values():
+            allowed = ", ".join(f"{name} = {number}" for name, number in broker_pb2.OverflowMode.items())
+            raise InvalidArgument(
+                f"Subscription.overflow_mode {sub.overflow_mode} is not an OverflowMode: use one of {allowed} "
+                "(UNSPECIFIED: the broker's SOKUTATSU_BROKER_DEFAULT_MODE)"
+            )
         if sub.memory_budget_bytes > max_budget:
             raise InvalidArgument(
                 f"Subscription.memory_budget_bytes {echo(sub.memory_budget_bytes)} is over the broker's maximum of "

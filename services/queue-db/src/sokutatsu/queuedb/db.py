@@ -1,4 +1,12 @@
-"""The node's connection pool, and database failures as gRPC statuses a caller can act on."""
+"""The node's connection pool, and database failures as gRPC statuses a caller can act on.
+
+Which status a failure gets (issue #20): only a database that does not answer is ``UNAVAILABLE``
+(clients retry it); a database short of a resource is ``RESOURCE_EXHAUSTED``; an error the request's
+own values caused (SQLSTATE classes 22, data exception, and 54, program limit exceeded, such as
+``index row requires 10016 bytes``) is ``INVALID_ARGUMENT``, since sending it again cannot help.
+A status never shows the DSN: the node is named by its name and ``host:port``
+(:func:`~sokutatsu.core.embedded_pg.redact_dsn`).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +18,24 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from sokutatsu.core.embedded_pg import error_line, redact_dsn
-from sokutatsu.core.errors import ResourceExhausted, Unavailable
+from sokutatsu.core.errors import InvalidArgument, ResourceExhausted, Unavailable, echo
 
 POOL_TIMEOUT_SECONDS = 10.0
 # SQLSTATE class 53: out of memory or disk, too many connections, max_prepared_transactions reached.
 INSUFFICIENT_RESOURCES = "53"
+# SQLSTATE classes a request's values cause: 22 data exception, 54 program limit exceeded.
+CAUSED_BY_THE_REQUEST = ("22", "54")
+# SQLSTATEs of a database that does not answer (besides no SQLSTATE at all: the connection broke):
+# class 08 connection exception, 57014 a statement cancelled (statement_timeout), 57P01-57P03
+# shutting down or not accepting connections yet, class 58 system error (I/O).
+NOT_ANSWERING = ("08", "57014", "57P01", "57P02", "57P03", "58")
 
 
 class Database:
-    def __init__(self, dsn: str, size: int) -> None:
+    def __init__(self, dsn: str, size: int, node: str = "") -> None:
         self.dsn = dsn
+        # How a status names this database: the node and host:port, never the DSN.
+        self.where = f"node {node}'s database at {redact_dsn(dsn, database=False)}" if node else "the node's database"
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             dsn, min_size=1, max_size=size, open=False, timeout=POOL_TIMEOUT_SECONDS, kwargs={"connect_timeout": 5}
         )
@@ -41,17 +57,38 @@ class Database:
                 if not durable:
                     await conn.execute("SET LOCAL synchronous_commit = off")
                 yield conn
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            if isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(INSUFFICIENT_RESOURCES):
-                # It answers, but is short of something (max_prepared_transactions for PrepareBatch,
-                # memory, disk): capacity, not an outage.
-                line = error_line(exc, self.dsn)
-                hint = f" ({exc.diag.message_hint})" if exc.diag.message_hint else ""
-                if "prepared transactions" in line:
-                    hint += "; each prepared batch holds one until FinishPrepared ends it (ListPrepared lists them)"
-                raise ResourceExhausted(
-                    f"the node's database {redact_dsn(self.dsn)} is short of a resource: {line}{hint}"
-                ) from None
+        except PoolTimeout:
             raise Unavailable(
-                f"the node's database {redact_dsn(self.dsn)} does not answer: {error_line(exc, self.dsn)}"
+                f"{self.where} does not answer: no connection within {POOL_TIMEOUT_SECONDS:g} s; retry later"
             ) from None
+        except psycopg.Error as exc:
+            raise self._status(exc) from None
+
+    def _status(self, exc: psycopg.Error) -> Exception:
+        """The domain error for a driver error, or ``exc`` itself when it is none of the kinds above
+        (a caller may handle it: PrepareBatch's ``DuplicateObject``, FinishPrepared's ``UndefinedObject``)."""
+        state = exc.sqlstate or ""
+        if state.startswith(INSUFFICIENT_RESOURCES):
+            # It answers, but is short of something (max_prepared_transactions for PrepareBatch,
+            # memory, disk): capacity, not an outage.
+            line = error_line(exc, self.dsn)
+            hint = f" ({exc.diag.message_hint})" if exc.diag.message_hint else ""
+            if "prepared transactions" in line:
+                hint += "; each prepared batch holds one until FinishPrepared ends it (ListPrepared lists them)"
+            return ResourceExhausted(f"{self.where} is short of a resource: {line}{hint}")
+        if state.startswith(CAUSED_BY_THE_REQUEST):
+            # PostgreSQL's own sentence names the limit; the values are the request's (echo() bounds them).
+            return InvalidArgument(
+                f"{self.where} refuses a value of the request: {echo(exc.diag.message_primary or str(exc))} "
+                f"(SQLSTATE {state}); sending it again cannot help"
+            )
+        if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(NOT_ANSWERING)):
+            return Unavailable(f"{self.where} does not answer ({_kind(exc)}); retry later")
+        return exc
+
+
+def _kind(exc: psycopg.Error) -> str:
+    """What went wrong, without the driver's text (which may name the user or the database)."""
+    if exc.sqlstate:
+        return f"SQLSTATE {exc.sqlstate}, {type(exc).__name__}"
+    return "the connection failed or broke"

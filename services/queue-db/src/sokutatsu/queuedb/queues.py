@@ -24,23 +24,17 @@ import psycopg
 from grpc import aio
 
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo
-from sokutatsu.core.settings import SettingsError, parse_name
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, enqueue_batch_async
+from sokutatsu.queuedb.limits import cap, check_rule
 from sokutatsu.queuedb.settings import QueueDbSettings
-from sokutatsu.queuedb.text import refuse_nul
+from sokutatsu.queuedb.text import refuse_nul, valid_name
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.wake import Waker
 
-# Longest a Dequeue may wait for a message; longer waits are refused (clients loop instead).
-MAX_WAIT_MS = 20_000
 # How often a waiting Dequeue looks again.
 POLL_SECONDS = 0.05
-# Longest lease or Nack delay a request may ask for (the bound of the visibility timeout setting).
-MAX_DELAY_MS = 12 * 3_600_000
-# The columns min_batch and max_age_ms are PostgreSQL integers.
-_MAX_INT4 = 2**31 - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _STATS = """
@@ -164,15 +158,6 @@ def _durability(rule: queuedb_pb2.TransferRule) -> str:
     return "alternate" if rule.durability == queuedb_pb2.REMOTE_DURABILITY_ALTERNATE else "both"
 
 
-def _name(raw: str, what: str) -> str:
-    try:
-        return parse_name(raw)
-    except SettingsError as exc:
-        raise InvalidArgument(
-            f"{what} {echo(raw)} is not a valid name: {exc}, starting with a letter or digit"
-        ) from None
-
-
 def _required(value: str, field: str) -> str:
     if not value:
         raise InvalidArgument(f"{field} is empty: name the queue")
@@ -207,29 +192,6 @@ def _difference(have: queuedb_pb2.Queue, want: queuedb_pb2.Queue) -> str:
     return ", ".join(f"{field} is {echo(a)} (asked: {echo(b)})" for field, a, b in pairs if a != b)
 
 
-def _validate_rule(queue: queuedb_pb2.Queue) -> None:
-    rule = queue.transfer
-    if not rule.to_node:
-        extra = [f for f in ("to_queue", "min_batch", "max_age_ms", "durability") if getattr(rule, f)]
-        if extra:
-            raise InvalidArgument(
-                f"TransferRule.{extra[0]} is set but to_node is empty: name the receiving node in to_node, "
-                "or leave the transfer rule out for a local queue"
-            )
-        return
-    _name(rule.to_node, "TransferRule.to_node")
-    if rule.to_queue:
-        _name(rule.to_queue, "TransferRule.to_queue")
-    if rule.durability not in queuedb_pb2.RemoteDurability.values():
-        raise InvalidArgument(
-            f"TransferRule.durability {rule.durability} is not a RemoteDurability (BOTH = 1, ALTERNATE = 2)"
-        )
-    for field in ("min_batch", "max_age_ms"):
-        value = getattr(rule, field)
-        if value > _MAX_INT4:
-            raise InvalidArgument(f"TransferRule.{field} of {value} is over the limit of {_MAX_INT4}")
-
-
 @dataclass(frozen=True)
 class _Forwarding:
     node: str
@@ -242,12 +204,6 @@ def _parse_lease(lease: str) -> uuid.UUID | None:
         return uuid.UUID(lease)
     except ValueError:
         return None
-
-
-def _delay(value: int, field: str) -> int:
-    if value > MAX_DELAY_MS:
-        raise InvalidArgument(f"{field} of {value} is over the limit of {MAX_DELAY_MS} (12 hours)")
-    return value
 
 
 class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
@@ -265,8 +221,8 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     ) -> queuedb_pb2.CreateQueueResponse:
         refuse_nul(request)
         wanted = request.queue
-        name = _name(_required(wanted.name, "Queue.name"), "queue name")
-        _validate_rule(wanted)
+        name = valid_name(_required(wanted.name, "Queue.name"), "queue name")
+        check_rule(wanted, self.settings)
         rule = wanted.transfer
         # A local queue keeps the column defaults for the rule (immediate is meaningless there).
         values = (
@@ -343,16 +299,13 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         count, limit, largest = len(request.messages), self.settings.max_batch, self.settings.max_body_bytes
         if count == 0:
             raise InvalidArgument("EnqueueRequest.messages is empty: give at least one message")
-        if count > limit:
-            raise InvalidArgument(
-                f"a batch of {count} messages is over the limit of {limit} (SOKUTATSU_QUEUEDB_MAX_BATCH); "
-                "split it into several Enqueue calls"
-            )
+        cap("EnqueueRequest.messages", count, limit, "MAX_BATCH", "messages")
         for index, message in enumerate(request.messages):
             if len(message.body) > largest:
                 raise InvalidArgument(
-                    f"messages[{index}].body is {len(message.body):,} bytes, over the limit of {largest:,} bytes "
-                    "(SOKUTATSU_QUEUEDB_MAX_BODY_BYTES); send large payloads elsewhere and enqueue a reference"
+                    f"EnqueueRequest.messages[{index}].body of {len(message.body):,} bytes is over the maximum of "
+                    f"{largest:,} bytes (SOKUTATSU_QUEUEDB_MAX_BODY_BYTES); send large payloads elsewhere and "
+                    "enqueue a reference"
                 )
         batch = [Message(bytes(m.body), dict(m.headers) or None, m.key) for m in request.messages]
 
@@ -401,18 +354,20 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     ) -> queuedb_pb2.DequeueResponse:
         refuse_nul(request)
         name = _required(request.queue, "DequeueRequest.queue")
-        if request.wait_ms > MAX_WAIT_MS:
-            raise InvalidArgument(
-                f"DequeueRequest.wait_ms of {request.wait_ms} is over the limit of {MAX_WAIT_MS}; "
-                "wait less and call Dequeue again"
-            )
-        timeout_ms = _delay(request.visibility_timeout_ms, "DequeueRequest.visibility_timeout_ms")
+        settings = self.settings
+        wait_ms = cap("DequeueRequest.wait_ms", request.wait_ms, settings.max_wait_ms, "MAX_WAIT_MS")
+        timeout_ms = cap(
+            "DequeueRequest.visibility_timeout_ms",
+            request.visibility_timeout_ms,
+            settings.max_visibility_timeout_ms,
+            "MAX_VISIBILITY_TIMEOUT_MS",
+        )
         params = {
             "queue": name,
-            "limit": min(request.max_messages or 1, self.settings.max_batch),
-            "timeout_ms": timeout_ms or self.settings.visibility_timeout_ms,
+            "limit": cap("DequeueRequest.max_messages", request.max_messages, settings.max_batch, "MAX_BATCH") or 1,
+            "timeout_ms": timeout_ms or settings.visibility_timeout_ms,
         }
-        deadline = asyncio.get_running_loop().time() + request.wait_ms / 1000
+        deadline = asyncio.get_running_loop().time() + wait_ms / 1000
         while True:
             # A lease lost in an OS crash only makes its message ready again early: commit without the flush.
             async with self.db.transaction(durable=False) as conn:
@@ -437,7 +392,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     ) -> queuedb_pb2.AckResponse:
         refuse_nul(request)
         name = _required(request.queue, "AckRequest.queue")
-        expired = await self._settle(name, list(request.lease_ids), _ACK, {}, "an Ack")
+        expired = await self._settle(name, list(request.lease_ids), _ACK, {}, "Ack")
         return queuedb_pb2.AckResponse(expired=expired)
 
     async def Nack(
@@ -445,18 +400,14 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     ) -> queuedb_pb2.NackResponse:
         refuse_nul(request)
         name = _required(request.queue, "NackRequest.queue")
-        delay_ms = _delay(request.delay_ms, "NackRequest.delay_ms")
-        expired = await self._settle(name, list(request.lease_ids), _NACK, {"delay_ms": delay_ms}, "a Nack")
+        delay_ms = cap("NackRequest.delay_ms", request.delay_ms, self.settings.max_nack_delay_ms, "MAX_NACK_DELAY_MS")
+        expired = await self._settle(name, list(request.lease_ids), _NACK, {"delay_ms": delay_ms}, "Nack")
         return queuedb_pb2.NackResponse(expired=expired)
 
     async def _settle(self, name: str, raw: list[str], statement: str, extra: dict[str, object], rpc: str) -> list[str]:
         """Run Ack's or Nack's statement on the leases; return, in request order, the ids whose lease did not
         hold: expired, unknown, of another queue, or malformed (a malformed id is never an error)."""
-        if len(raw) > self.settings.max_batch:
-            raise InvalidArgument(
-                f"{rpc} of {len(raw)} lease ids is over the limit of {self.settings.max_batch} "
-                "(SOKUTATSU_QUEUEDB_MAX_BATCH); split it into several calls"
-            )
+        cap(f"{rpc}Request.lease_ids", len(raw), self.settings.max_batch, "MAX_BATCH", "lease ids")
         parsed = [_parse_lease(lease) for lease in raw]
         good = list(dict.fromkeys(p for p in parsed if p is not None))
         async with self.db.transaction() as conn:

@@ -44,6 +44,13 @@ def _migrate(dsn: str) -> list[int]:
 def build(settings: QueueDbSettings) -> Register:
     if not settings.dsn:
         raise SettingsError(f"{QueueDbSettings.env_prefix}DSN is not set: give this node's PostgreSQL DSN")
+    if settings.visibility_timeout_ms > settings.max_visibility_timeout_ms:
+        prefix = QueueDbSettings.env_prefix
+        raise SettingsError(
+            f"{prefix}VISIBILITY_TIMEOUT_MS={settings.visibility_timeout_ms} is over "
+            f"{prefix}MAX_VISIBILITY_TIMEOUT_MS={settings.max_visibility_timeout_ms}: the default a Dequeue gets "
+            "must be one a client could ask for"
+        )
 
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
         where = redact_dsn(settings.dsn)
@@ -69,7 +76,7 @@ def build(settings: QueueDbSettings) -> Register:
             redact_dsn(settings.dsn),
             applied or "none",
         )
-        db = Database(settings.dsn, settings.pool_size)
+        db = Database(settings.dsn, settings.pool_size, settings.instance)
         await db.open()
         context.stack.push_async_callback(db.close)
         turns = Turns(db, settings.alternate_wait_ms)

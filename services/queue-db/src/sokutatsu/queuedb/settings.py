@@ -19,6 +19,20 @@ def parse_crash_at(raw: str) -> str:
     return raw
 
 
+def parse_peer_names(raw: str) -> tuple[str, ...]:
+    """Node names, comma-separated; ``node=host:port`` items (the transfer daemon's PEERS) give their name."""
+    names = [parse_name(item.partition("=")[0].strip()) for item in raw.split(",") if item.strip()]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"a node is named twice in {names}")
+    return tuple(names)
+
+
+# The most a millisecond cap may be set to (a week).
+_WEEK_MS = 7 * 24 * 3_600_000
+# TransferRule.min_batch and max_age_ms are PostgreSQL integers.
+MAX_INT4 = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class QueueDbSettings(ServiceSettings):
     env_prefix: ClassVar[str] = "SOKUTATSU_QUEUEDB_"
@@ -39,12 +53,54 @@ class QueueDbSettings(ServiceSettings):
     pool_size: int = setting(
         "POOL_SIZE", 8, "Database connections the node keeps open for its RPCs.", whole(1, 1000, "connections")
     )
+    peers: tuple[str, ...] = setting(
+        "PEERS",
+        (),
+        "The nodes this node's queues may forward to: CreateQueue refuses a TransferRule.to_node not named here "
+        "with FAILED_PRECONDITION (naming these). Node names, comma-separated; the transfer daemon's "
+        "SOKUTATSU_TRANSFER_PEERS value (node=host:port, ...) is taken as it is. Empty: no forwarding queue.",
+        parse_peer_names,
+    )
     visibility_timeout_ms: int = setting(
         "VISIBILITY_TIMEOUT_MS",
         30_000,
         "How long a dequeued message stays invisible to other consumers unless the request says otherwise; "
         "not acked by then, it is delivered again.",
-        whole(1, 12 * 3_600_000, "milliseconds"),
+        whole(1, _WEEK_MS, "milliseconds"),
+    )
+    max_visibility_timeout_ms: int = setting(
+        "MAX_VISIBILITY_TIMEOUT_MS",
+        12 * 3_600_000,
+        "Longest DequeueRequest.visibility_timeout_ms a client may ask for (INVALID_ARGUMENT above); "
+        "VISIBILITY_TIMEOUT_MS must not be above it.",
+        whole(1, _WEEK_MS, "milliseconds"),
+    )
+    max_nack_delay_ms: int = setting(
+        "MAX_NACK_DELAY_MS",
+        12 * 3_600_000,
+        "Longest NackRequest.delay_ms a client may ask for (INVALID_ARGUMENT above).",
+        whole(0, _WEEK_MS, "milliseconds"),
+    )
+    max_wait_ms: int = setting(
+        "MAX_WAIT_MS",
+        20_000,
+        "Longest DequeueRequest.wait_ms (a Dequeue waiting for a message holds a call open and polls the "
+        "database every 50 ms): INVALID_ARGUMENT above; clients wait less and call again.",
+        whole(0, 600_000, "milliseconds"),
+    )
+    max_transfer_min_batch: int = setting(
+        "MAX_TRANSFER_MIN_BATCH",
+        100_000,
+        "Largest TransferRule.min_batch CreateQueue accepts (INVALID_ARGUMENT above): messages a deferred "
+        "queue may hold back in this node's outbox before they go.",
+        whole(1, MAX_INT4, "messages"),
+    )
+    max_transfer_age_ms: int = setting(
+        "MAX_TRANSFER_AGE_MS",
+        3_600_000,
+        "Largest TransferRule.max_age_ms CreateQueue accepts (INVALID_ARGUMENT above): how long a deferred "
+        "queue may hold a message back before it goes.",
+        whole(1, MAX_INT4, "milliseconds"),
     )
     max_body_bytes: int = setting(
         "MAX_BODY_BYTES",
@@ -55,7 +111,8 @@ class QueueDbSettings(ServiceSettings):
     max_batch: int = setting(
         "MAX_BATCH",
         10_000,
-        "Most messages one Enqueue, Dequeue or transfer batch may carry.",
+        "Most messages one Enqueue, Dequeue (DequeueRequest.max_messages), Ack or Nack (lease ids) or transfer "
+        "batch (Deliver, DeliverStream, PrepareBatch) may carry or ask for: INVALID_ARGUMENT above.",
         whole(1, 1_000_000, "messages"),
     )
     alternate_wait_ms: int = setting(

@@ -1,4 +1,5 @@
-"""Requests' text checked before it reaches PostgreSQL, whose ``text`` (and ``jsonb``) cannot hold NUL."""
+"""Requests' text checked before it reaches PostgreSQL: names by one rule (:func:`valid_name`), and no NUL
+anywhere (PostgreSQL's ``text`` and ``jsonb`` cannot hold one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from sokutatsu.core.errors import InvalidArgument, echo
+from sokutatsu.core.settings import SettingsError, parse_name
+
+
+def valid_name(raw: str, what: str) -> str:
+    """``raw`` when it is a valid queue or node name (``parse_name``: 1-64 letters, digits, '.', '_' or
+    '-', starting with a letter or digit), else ``InvalidArgument`` naming ``what``. The one rule for
+    every name a request gives, QueueService's and Transfer's alike, checked before any SQL: a name
+    PostgreSQL could not index (``index row requires 10016 bytes``) never reaches it."""
+    try:
+        return parse_name(raw)
+    except SettingsError as exc:
+        raise InvalidArgument(
+            f"{what} {echo(raw)} is not a valid name: {exc}, starting with a letter or digit"
+        ) from None
 
 
 @dataclass(frozen=True)

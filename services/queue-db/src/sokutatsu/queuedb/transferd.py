@@ -49,7 +49,7 @@ from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from sokutatsu.client._retry import broken_write
-from sokutatsu.core.embedded_pg import PostgresError, check_dsn
+from sokutatsu.core.embedded_pg import PostgresError, check_dsn, error_line
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
@@ -216,7 +216,9 @@ class PeerLink:
             wait=wait_exponential(multiplier=0.05, max=5),
             reraise=True,
             before_sleep=lambda state: log.warning(
-                "transfer to %s: %s; retrying", self.peer.node, state.outcome.exception() if state.outcome else "?"
+                "transfer to %s: %s; retrying",
+                self.peer.node,
+                _said(state.outcome.exception(), self.settings.dsn) if state.outcome else "?",
             ),
         )
         async for attempt in retrying:
@@ -608,6 +610,13 @@ def _within_bytes(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
             break
         out.append(row)
     return out
+
+
+def _said(error: BaseException | None, dsn: str) -> str:
+    """An error for the log: a database error's first line with any password of ``dsn`` masked."""
+    if isinstance(error, psycopg.Error):
+        return error_line(error, dsn)
+    return str(error)
 
 
 def _transient(error: BaseException) -> bool:
