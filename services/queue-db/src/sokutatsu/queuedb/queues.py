@@ -159,9 +159,12 @@ def _durability(rule: queuedb_pb2.TransferRule) -> str:
 
 
 def _required(value: str, field: str) -> str:
+    """A queue name a request gives: present, and one CreateQueue could have made (so a name no
+    queue can have, a megabyte long, never reaches PostgreSQL: issue #20's large-frame probe took
+    this node from 222 to 474 MiB RSS through libpq's buffers)."""
     if not value:
         raise InvalidArgument(f"{field} is empty: name the queue")
-    return value
+    return valid_name(value, field)
 
 
 def _not_found(queue: str) -> NotFound:
