@@ -277,7 +277,7 @@ async def test_a_release_waiting_for_a_slow_redirected_stream_is_refused_within_
             await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
                 broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=10
             )
-        stuck = await raw.open_subscribe(a_ch, "stuck", TOPIC, 1_000_000, durable=True)
+        stuck = await raw.open_subscribe(a_ch, "stuck", TOPIC, 100_000, durable=True)
         async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
             for _ in range(300):
                 pub.publish_nowait(TOPIC, "K", bytes(64 * 1024))
@@ -360,3 +360,38 @@ async def test_a_refused_set_role_does_not_change_the_peer(pair_factory: Callabl
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert (await _role(pair.active.address)).peer == pair.standby.address
     assert "127.0.0.1:9" not in (pair.active.state_dir / "pair.json").read_text()
+
+
+async def test_a_restarted_publisher_resumes_on_a_broker_that_holds_less(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Seed 508077 of `sokutatsu chaos`: a publisher killed while one broker held more of its
+    messages than the other (the other had been away) restarts; start() learned the larger number
+    and set every link's position to it, so its first message went to the broker holding less
+    as if it followed on: ``seq 9559 follows 9542; sequence numbers must have no gaps``, and the
+    publisher stopped. Here two unpaired brokers hold 5 and 10 of "feed"'s messages."""
+    behind, ahead = broker_factory(), broker_factory()
+    behind.start()
+    ahead.start()
+    both = [ahead.address, behind.address]
+    async with Publisher(both, "feed", ack_timeout=60) as first:
+        for i in range(5):
+            await first.publish(TOPIC, "k", b"%d" % i)
+    async with Publisher([ahead.address], "feed", ack_timeout=60) as alone:  # `behind` was away
+        for i in range(5, 10):
+            await alone.publish(TOPIC, "k", b"%d" % i)
+    async with Publisher(both, "feed", ack_timeout=60) as restarted:
+        assert restarted.last_seq == 10
+        sent = 10
+
+        async def behind_takes_new_ones() -> bool:
+            # Before the fix `behind` refused 11 ("follows 5") and the next publish raised BrokerError.
+            # Now its link opens again from what is acknowledged and `behind` records the hole.
+            nonlocal sent
+            sent += 1
+            await restarted.publish(TOPIC, "k", b"%d" % sent)
+            return (await stats(behind.address)).published_total > 5
+
+        await until(behind_takes_new_ones, "the broker that held less to take the restarted publisher's messages")
+        await restarted.flush()
+    assert (await stats(ahead.address)).published_total == sent
