@@ -385,6 +385,28 @@ class SegmentLog:
         segment.acked += count
         self._delete_if_done(segment)
 
+    def discard_oldest(self, target_bytes: int) -> list[bytes]:
+        """Retention (drop the oldest): read and acknowledge the oldest unread records, a segment's
+        worth at a time, until the segment files take at most ``target_bytes`` or nothing is unread.
+
+        Returns their payloads, oldest first, so the owner can tell whom they were for. A segment
+        goes once every record in it was read and acknowledged (as :meth:`ack` says), so records
+        that were read earlier and are not acknowledged yet (in flight) keep theirs, and the one
+        being written stays until the next append rolls past it.
+        """
+        self._check_open()
+        out: list[bytes] = []
+        while self._disk_bytes > target_bytes and self._unread_count > 0:
+            segment = self._queue[0]
+            records = self.read(max(1, segment.records - segment.read), MAX_PAYLOAD)
+            counts: dict[int, int] = {}
+            for segment_id, payload in records:
+                counts[segment_id] = counts.get(segment_id, 0) + 1
+                out.append(payload)
+            for segment_id, count in counts.items():
+                self.ack(segment_id, count)
+        return out
+
     def close(self) -> None:
         """Close the file handles and release the folder lock; idempotent. Other calls then raise."""
         if not self._closed:
