@@ -220,3 +220,34 @@ async def test_a_subscription_nobody_attaches_to_expires_and_its_disk_is_freed(
 
     await until(freed, "its segment files to be deleted")
     assert "expired the durable subscription of gone to feed" in broker.log()
+
+
+async def test_messages_on_disk_older_than_the_maximum_age_go_too(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The same from disk: a queue over its memory budget spilled them; an age read discards
+    them (several read batches), and the subscriber is told of every one."""
+    broker = broker_factory(queue_budget="16KiB", batch_messages="50")
+    broker.start()
+    async with Subscriber(broker.address, "aging", "ticks", durable=True, retention_max_age=0.5) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+    total = 400
+    async with Publisher(broker.address, "src") as pub:
+        for i in range(1, total + 1):
+            pub.publish_nowait("ticks", "K", b"x" * 1000 + str(i).encode())
+        await pub.flush()
+        assert (await subscriber_stats(broker.address, "aging")).spilled_count > 0
+
+        async def aged_out() -> bool:
+            s = await subscriber_stats(broker.address, "aging")
+            return s.dropped_retention_age == total and s.depth == 0
+
+        await until(aged_out, "the messages on disk to age out", limit=60)
+        seqs: list[int] = []
+        gaps: list[GapError] = []
+        async with Subscriber(broker.address, "aging", "ticks", durable=True, retention_max_age=0.5) as sub:
+            await asyncio.wait_for(sub.connected.wait(), 10)
+            await pub.publish("ticks", "K", b"last")
+            await asyncio.wait_for(_read(sub, 1, seqs, gaps), 30)
+    assert seqs == [total + 1]
+    assert [(g.first_missing, g.last_missing, g.over_age, g.over_bytes) for g in gaps] == [(1, total, total, 0)]

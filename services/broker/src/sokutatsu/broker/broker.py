@@ -247,7 +247,7 @@ class Broker:
             # for them would hold every switchover of it at step 2 (position below the floor).
             floor=dict(topic.published),
             away_tail=self.settings.away_tail,
-            retention=self.retention.within(spec.retention) if spec.durable else Retention(),
+            retention=self.retention.within(spec.retention),
             spec=spec,
             folder=self._queue_folder(spec),
             disk=self.disk,
@@ -803,7 +803,7 @@ class Broker:
                             topic=queue.spec.topic,
                             subscriber_id=queue.spec.subscriber_id,
                             acked=broker_pb2.Position(last_seq=queue.acked),
-                            retention_gaps=queue.kept.gaps,
+                            retention_gaps=queue.kept.to_proto(),
                         )
                     )
         return out
@@ -821,7 +821,7 @@ class Broker:
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
             if queue is not None and queue.state in (SHADOW, AWAY):
-                queue.trim(dict(mark.acked.last_seq), dict(mark.retention_gaps))
+                queue.trim(dict(mark.acked.last_seq), mark.retention_gaps)
 
     def holdings(self) -> list[broker_pb2.SubscriberHoldings]:
         """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4)."""

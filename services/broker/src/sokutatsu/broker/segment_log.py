@@ -64,7 +64,7 @@ import struct
 import sys
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -405,6 +405,33 @@ class SegmentLog:
                 out.append(payload)
             for segment_id, count in counts.items():
                 self.ack(segment_id, count)
+        return out
+
+    def discard_while(self, old: Callable[[bytes], bool], max_records: int) -> list[bytes]:
+        """Retention by age: read and acknowledge the oldest unread records while ``old`` says so of
+        each (looked at before it is taken: the first one it refuses stays unread), at most
+        ``max_records``. Returns their payloads, oldest first."""
+        self._check_open()
+        out: list[bytes] = []
+        while len(out) < max_records and self._unread_count > 0:
+            segment = self._queue[0]
+            reader = self._reader
+            try:
+                if reader is None or reader.segment is not segment:
+                    self._close_reader()
+                    reader = self._reader = _RecordReader(os.open(segment.path, os.O_RDONLY), segment)
+                at = reader.offset
+                payload = bytes(reader.next(segment.size))
+            except _BadRecord as bad:
+                raise SegmentLogError(f"{segment.path}: corrupt record at offset {bad.offset}: {bad.reason}") from None
+            except OSError as error:
+                raise SegmentLogError(f"{segment.path}: cannot read: {_error_text(error)}") from error
+            reader.offset = at
+            if not old(payload):
+                break
+            [(segment_id, taken)] = self.read(1, MAX_PAYLOAD)
+            self.ack(segment_id, 1)
+            out.append(taken)
         return out
 
     def close(self) -> None:

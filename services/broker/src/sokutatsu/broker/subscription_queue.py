@@ -51,6 +51,7 @@ import logging
 import struct
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 from sokutatsu.broker.disk_worker import DiskWorker
@@ -157,6 +158,7 @@ class SubscriptionQueue:
         # Read back from disk, not yet sent (between `front` and what is still on disk).
         self.readback: deque[Item] = deque()
         self._reading = False
+        self._aging = False
         self._spill_retry_delay = 0.0
         self.in_flight: deque[Item] = deque()
         self.spill_buffer: list[Item] = []
@@ -274,8 +276,9 @@ class SubscriptionQueue:
     def not_kept(self, publisher: str, seq: int) -> None:
         """A non-persistent message was not kept because this ``refuse_publish`` queue is full;
         the next one kept names it as its predecessor and carries the gap."""
+        prev = self.last_enqueued.get(publisher, seq - 1 if self.recovered else 0)
         self.last_enqueued[publisher] = seq
-        self.kept.note(publisher, seq, BYTES)
+        self.kept.note(publisher, seq, prev, BYTES)
         self.acked_dirty = True
 
     def written(self, appended: int) -> asyncio.Future[None]:
@@ -389,7 +392,7 @@ class SubscriptionQueue:
                     item = _parse_record(-1, record)
                     self.disk_count -= 1
                     self.disk_bytes -= item.size
-                    self.kept.note(item.publisher_id, item.seq, BYTES)
+                    self.kept.note(item.publisher_id, item.seq, item.prev, BYTES)
                 self.acked_dirty = bool(records) or self.acked_dirty
         dropped = 0
         while batch[dropped:] and log_.disk_bytes + incoming > limit:
@@ -401,7 +404,7 @@ class SubscriptionQueue:
             if item.msg is not None:
                 item.msg.release()
                 item.msg = None
-            self.kept.note(item.publisher_id, item.seq, BYTES)
+            self.kept.note(item.publisher_id, item.seq, item.prev, BYTES)
             self.acked_dirty = True
         return batch[dropped:] if dropped else batch
 
@@ -419,16 +422,43 @@ class SubscriptionQueue:
             if source:
                 return dropped
         if self.disk_count:
-            if not self._reading:
-                self._request_read(self._batch_messages, cutoff)
+            if not self._aging:
+                self._aging = True
+                self._disk.submit(lambda: self._age_disk(cutoff))
             return dropped
         if not (self.spill_buffer or self.spilling):
             while self.memory and 0 < publish_time(self.memory[0]) < cutoff:
                 dropped += self._discard_old(self.memory.popleft())
         return dropped
 
+    async def _age_disk(self, cutoff: int) -> None:
+        """A disk job: discard the oldest records on disk while they are past the age (looked at
+        one by one, so a younger one is never taken off the disk)."""
+        try:
+            log_ = self.log
+            emptied = self._emptied
+            if log_ is None or self.closed or self.front or self.readback or self._reading:
+                return
+
+            def old(record: bytes) -> bool:
+                return 0 < publish_time(_parse_record(-1, record)) < cutoff
+
+            records = await self._disk.run_blocking(log_.discard_while, old, 10_000)
+            if self.closed or emptied != self._emptied:
+                return
+            for record in records:
+                item = _parse_record(-1, record)
+                self.disk_count -= 1
+                self.disk_bytes -= item.size
+                self.kept.note(item.publisher_id, item.seq, item.prev, AGE)
+            if records:
+                self.acked_dirty = True
+                self.ready.set()
+        finally:
+            self._aging = False
+
     def _discard_old(self, item: Item) -> int:
-        self.kept.note(item.publisher_id, item.seq, AGE)
+        self.kept.note(item.publisher_id, item.seq, item.prev, AGE)
         self.acked_dirty = True
         self._release([item])
         return 1
@@ -547,7 +577,7 @@ class SubscriptionQueue:
             size += item.size
         return items
 
-    def _request_read(self, limit: int, cutoff_ns: int = 0) -> None:
+    def _request_read(self, limit: int) -> None:
         """Have the disk thread read the next records into ``readback``.
 
         The job, not the stream, takes the records: a stream cancelled while the read
@@ -586,13 +616,6 @@ class SubscriptionQueue:
                 for item in items:
                     self.disk_bytes -= item.size
                     self.memory_bytes += item.size
-                if cutoff_ns:
-                    # An age read (expire()): what is older than the maximum age goes.
-                    old = 0
-                    while old < len(items) and 0 < publish_time(items[old]) < cutoff_ns:
-                        self._discard_old(items[old])
-                        old += 1
-                    items = items[old:]
                 self.readback.extend(items)
             finally:
                 self._reading = False
@@ -614,7 +637,7 @@ class SubscriptionQueue:
         if gaps.gaps:
             return batch_response(
                 [
-                    delivery_element(item.payload, item.prev, gaps.element_tail(item.publisher_id, item.seq))
+                    delivery_element(item.payload, item.prev, gaps.element_tail(item.publisher_id, item.prev))
                     for item in items
                 ]
             )
@@ -643,6 +666,10 @@ class SubscriptionQueue:
     # ----------------------------------------------------------- ownership --
     def serve(self) -> None:
         """Deliver from this copy (the peer is gone, this broker was promoted, or switchover step 2)."""
+        if self.state != SERVING and not self.attached:
+            # SUBSCRIPTION_EXPIRY counts from when this broker began to serve it: a copy that was
+            # a shadow for weeks is not expired the moment its broker takes it over.
+            self.idle_since = time.monotonic()
         self.state = SERVING
         self.redirect = None
 
@@ -739,7 +766,7 @@ class SubscriptionQueue:
                 del lacks[publisher]
         return bool(lacks)
 
-    def trim(self, position: dict[str, int], gaps: dict[str, broker_pb2.RetentionGap] | None = None) -> int:
+    def trim(self, position: dict[str, int], gaps: Sequence[broker_pb2.PublisherRetentionGap] = ()) -> int:
         """Drop what the subscriber has acknowledged at the peer (a shadow copy); return how many.
 
         Each source is trimmed from its oldest item and stops at the first one not covered

@@ -257,9 +257,10 @@ Global___Message: _TypeAlias = Message  # noqa: Y015
 
 @_typing.final
 class RetentionGap(_message.Message):
-    """Messages of one publisher a subscription's retention discarded: the range
-    they lay in (first_seq..last_seq; with a key filter not every number in it
-    was queued) and how many were discarded for each reason.
+    """Messages of one publisher a subscription's retention discarded, one after
+    the other in its queue: the range they lay in (first_seq..last_seq; with a
+    key filter not every number in it was queued) and how many were discarded
+    for each reason. The message delivered right after them carries it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1905,27 +1906,6 @@ Global___SubscriberHoldings: _TypeAlias = SubscriberHoldings  # noqa: Y015
 class SubscriberWatermark(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    @_typing.final
-    class RetentionGapsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        @_builtins.property
-        def value(self) -> Global___RetentionGap: ...
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: Global___RetentionGap | None = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
@@ -1937,8 +1917,8 @@ class SubscriberWatermark(_message.Message):
         """For each publisher, the subscriber acknowledged every message up to this seq."""
 
     @_builtins.property
-    def retention_gaps(self) -> _containers.MessageMap[_builtins.str, Global___RetentionGap]:
-        """Per publisher, the messages the sender's retention discarded and the
+    def retention_gaps(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublisherRetentionGap]:
+        """The ranges of messages the sender's retention discarded that the
         subscriber has not yet acknowledged past: the receiver discards them from
         its copy too and tells the subscriber if it comes to serve it.
         """
@@ -1949,7 +1929,7 @@ class SubscriberWatermark(_message.Message):
         topic: _builtins.str = ...,
         subscriber_id: _builtins.str = ...,
         acked: Global___Position | None = ...,
-        retention_gaps: _abc.Mapping[_builtins.str, Global___RetentionGap] | None = ...,
+        retention_gaps: _abc.Iterable[Global___PublisherRetentionGap] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1958,6 +1938,29 @@ class SubscriberWatermark(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscriberWatermark: _TypeAlias = SubscriberWatermark  # noqa: Y015
+
+@_typing.final
+class PublisherRetentionGap(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLISHER_ID_FIELD_NUMBER: _builtins.int
+    GAP_FIELD_NUMBER: _builtins.int
+    publisher_id: _builtins.str
+    @_builtins.property
+    def gap(self) -> Global___RetentionGap: ...
+    def __init__(
+        self,
+        *,
+        publisher_id: _builtins.str = ...,
+        gap: Global___RetentionGap | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gap", b"gap"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gap", b"gap", "publisher_id", b"publisher_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublisherRetentionGap: _TypeAlias = PublisherRetentionGap  # noqa: Y015
 
 @_typing.final
 class SubscriptionName(_message.Message):
