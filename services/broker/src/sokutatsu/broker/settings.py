@@ -185,8 +185,8 @@ class BrokerSettings(ServiceSettings):
         "Most bytes of segment files one subscription's queue may hold on disk (0 = no limit), e.g. 64MiB; "
         "the default and the maximum of Subscription.retention.max_bytes. Over it, RETENTION_POLICY applies. "
         "8GiB is about four hours of a subscriber that stopped reading at the soak's rate (952 MB in 30 "
-        "minutes); memory (QUEUE_BUDGET) is not counted. Replaces QUEUE_DISK_LIMIT (which kept the oldest and "
-        "dropped the newest, silently).",
+        "minutes); memory (QUEUE_BUDGET) is not counted. Replaces QUEUE_DISK_LIMIT (off by default; it dropped "
+        "the newest, told as a plain gap).",
         parse_size,
     )
     retention_max_age: float = setting(

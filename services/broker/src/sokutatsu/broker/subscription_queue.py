@@ -318,7 +318,7 @@ class SubscriptionQueue:
             self.spilling = len(batch)
             emptied = self._emptied
             try:
-                batch = await self._write(batch)
+                await self._write(batch)
             except (OSError, SegmentLogError) as exc:
                 # Nothing of the batch counts as written: put it back, in order, and retry.
                 self.spill_buffer = batch + self.spill_buffer
@@ -365,23 +365,22 @@ class SubscriptionQueue:
                 self._schedule_spill()
             self.ready.set()
 
-    async def _write(self, batch: list[Item]) -> list[Item]:
-        """Append ``batch`` to the log (opened on first use), after ``drop_oldest`` made room;
-        returns what of it was written."""
+    async def _write(self, batch: list[Item]) -> None:
+        """Append ``batch`` to the log (opened on first use), after ``drop_oldest`` made room (it
+        takes what it discards out of ``batch``, so a failed append puts back only the rest)."""
         if self.log is None:
             self.log = await self._disk.run_blocking(SegmentLog, self.folder, _segment_bytes(self.retention))
         if self.retention.max_bytes and self.retention.policy == DROP_OLDEST:
-            batch = await self._make_room(self.log, batch)
+            await self._make_room(self.log, batch)
             self.spilling = len(batch)
         records = [_PREV.pack(item.prev) + item.payload for item in batch]
         if records:
             await self._disk.run_blocking(self.log.append, records)
-        return batch
 
-    async def _make_room(self, log_: SegmentLog, batch: list[Item]) -> list[Item]:
+    async def _make_room(self, log_: SegmentLog, batch: list[Item]) -> None:
         """``drop_oldest`` (a disk job, before ``batch`` is written): discard the oldest messages on
         disk until the segment files and ``batch`` fit in ``max_bytes``, then, should that not be
-        enough, the oldest of ``batch``. Returns what of ``batch`` is to be written."""
+        enough, the oldest of ``batch`` (taken out of it)."""
         limit = self.retention.max_bytes
         incoming = sum(_PREV.size + HEADER_BYTES + item.size for item in batch)
         if log_.disk_bytes + incoming > limit and log_.unread_count:
@@ -406,11 +405,11 @@ class SubscriptionQueue:
                 item.msg = None
             self.kept.note(item.publisher_id, item.seq, item.prev, BYTES)
             self.acked_dirty = True
-        return batch[dropped:] if dropped else batch
+        del batch[:dropped]
 
     def expire(self, now_ns: int) -> int:
         """Discard the owed messages older than ``max_age_ms`` from the oldest on (the oldest in
-        memory here; those on disk through a read job). Returns how many went here."""
+        memory here; those on disk through a disk job, one by one). Returns how many went here."""
         max_age = self.retention.max_age_ms
         if not max_age or self.closed:
             return 0
