@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 @pytest.mark.timeout(150)
 def test_a_short_soak_loses_nothing_and_writes_its_figures(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    result = CliRunner().invoke(app, ["bench", "soak", "--minutes", "0.3", "--rate", "100", "--json", str(out)])
+    args = ["--minutes", "0.3", "--rate", "300", "--queue-budget-mib", "1", "--retention-mib", "1"]
+    result = CliRunner().invoke(app, ["bench", "soak", *args, "--json", str(out)])
     assert result.exit_code == 0, result.output
     soak = json.loads(out.read_text())
     assert soak["benchmark"] == "soak"
@@ -34,9 +35,17 @@ def test_a_short_soak_loses_nothing_and_writes_its_figures(tmp_path: Path) -> No
         assert soak[who]["duplicates"] == 0
         assert soak[who]["reordered"] == 0
         assert soak[who]["distinct"] == sent
-    # The stalled subscriber never takes a message and is still connected at the end.
-    assert soak["stalled"]["received"] == 0
-    assert soak["stalled"]["connected_at_end"] is True
+    # The stalled subscriber took nothing while publishing went on; its queue stayed within its
+    # retention on disk (1 MiB, drop_oldest); reading at the end, it was told of all it lost.
+    stalled = soak["stalled"]
+    assert stalled["connected_at_end"] is True
+    assert stalled["lost"] > 0
+    assert stalled["lost"] == stalled["told_lost"] == stalled["told_lost_by_reason"]["retention bytes"]
+    assert stalled["first_gaps"][0]["reason"] == "retention bytes"
+    assert stalled["distinct"] + stalled["lost"] == sent
+    assert stalled["duplicates"] == stalled["reordered"] == stalled["gaps_without_reason"] == 0
+    assert 0 < max(soak["stalled_disk"]["max_folder_bytes"].values()) <= 2**20
+    assert soak["checks"]["stalled_disk_within_retention"] is True
     assert set(soak["max_rss_mib"]) == {"broker-a", "broker-b", "monitor"}
     assert all(value > 0 for value in soak["max_rss_mib"].values())
     assert soak["samples"]

@@ -260,13 +260,28 @@ async def test_manual_switchover_there_and_back_and_the_status_command(
 
     shown = _cli("status", "--monitor", monitor.address)
     assert shown.returncode == 0, shown.stderr
-    for says in ("active broker-a", "broker-b", "standby", "desk-1", "manual", "position", "release", "ok"):
+    for says in (
+        "active broker-a",
+        "broker-b",
+        "standby",
+        "desk-1",
+        "manual",
+        "position",
+        "release",
+        "ok",
+        "retention",
+    ):
         assert says in shown.stdout, f"{says!r} not in:\n{shown.stdout}"
     as_json = _cli("status", "--monitor", monitor.address, "--json")
     body = json.loads(as_json.stdout)
     assert [x["broker_id"] for x in body["brokers"]] == ["broker-a", "broker-b"]
     assert body["assignments"][0]["migrated"] is True
     assert body["recent_switchovers"][0]["id"] == there.id
+    # Retention per subscription on each broker: the limits in force (the broker defaults here).
+    retention = {r["broker_id"]: r for r in body["retention"]}
+    assert retention["broker-a"]["subscribers"][0]["policy"] == "drop_oldest"
+    assert retention["broker-b"]["subscribers"][0]["max_bytes"] == 8 * 2**30
+    assert retention["broker-a"]["subscription_expiry_s"] == 7 * 86400
 
     back = await monitor.switchover("desk-1", "prices", "broker-a")
     assert (back.from_broker_id, back.to_broker_id, back.error) == ("broker-b", "broker-a", "")

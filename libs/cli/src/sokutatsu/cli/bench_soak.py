@@ -17,9 +17,12 @@ mode ``migrate``:
   the standby, whose queue spills to disk; when publishing ends it is told to
   drain, and must then have received every message exactly once, in order;
 * *stalled* subscribes and never takes a message: the SDK grants no credit
-  beyond its first window, the connection stays open. The broker's policy for
-  it: its durable queue is kept whole (on disk past the budget) until it
-  returns or the subscription is deleted; its state is reported at the end.
+  beyond its first window, the connection stays open. Its durable queue is
+  kept (on disk past the budget) within its retention: ``--retention-mib``
+  gives its subscription that maximum on disk (drop_oldest; the broker default,
+  8 GiB, otherwise). When the slow one has drained, it reads what is left and
+  reports what its SDK was told it lost (retention gaps, with reason and count)
+  against what it did not get.
 
 Every few seconds each process's ``VmRSS`` (``/proc/<pid>/status``) and each
 broker's ``GetStats`` (held and spilled messages, per-subscriber depth) are
@@ -87,6 +90,8 @@ class SoakConfig:
     # 60 MiB; MAX_BYTES of messages may be held on top, with their bookkeeping.
     rss_budget: int = 192 * MIB
     sample_seconds: float = 5.0
+    # The stalled subscription's retention maximum on disk (drop_oldest); 0 = the broker's default.
+    retention_max_bytes: int = 0
     drain_limit_seconds: float = 600.0  # how long the slow subscriber may take to catch up at the end
 
     @property
@@ -156,7 +161,8 @@ async def _consume(sub: Subscriber, tally: _Tally, role: str, pace: list[float],
     next_at = time.monotonic()
     async for message in sub:
         tally.add(message, keep_latency=role == "normal")
-        if target and len(tally.seen) >= target[0]:
+        # The stalled one lost what its retention discarded: it is done at the last message sent.
+        if target and (tally.last if role == "stalled" else len(tally.seen)) >= target[0]:
             return
         if pace[0]:
             next_at = max(next_at + 1 / pace[0], time.monotonic())
@@ -164,8 +170,11 @@ async def _consume(sub: Subscriber, tally: _Tally, role: str, pace: list[float],
 
 
 async def subscriber_main(argv: Sequence[str]) -> dict[str, Any]:
-    """``ROLE ADDRESSES SUBSCRIBER BUDGET SLOW_RATE``; steered by ``fast`` and ``end COUNT START_NS LIMIT``."""
-    role, addresses, subscriber_id, budget, slow_rate = argv
+    """``ROLE ADDRESSES SUBSCRIBER BUDGET SLOW_RATE RETENTION``; steered by ``fast`` and ``end COUNT START_NS LIMIT``.
+
+    The stalled one takes nothing until ``end``; then it reads until it has the last message sent.
+    """
+    role, addresses, subscriber_id, budget, slow_rate, retention = argv
     tally = _Tally()
     pace = [float(slow_rate) if role == "slow" else 0.0]
     target: list[int] = []
@@ -176,6 +185,7 @@ async def subscriber_main(argv: Sequence[str]) -> dict[str, Any]:
         durable=True,
         mode="migrate",
         memory_budget=int(budget),
+        retention_max_bytes=int(retention),
         on_gap="report",
         flow_limit=100 if role == "stalled" else 1000,
     ) as sub:
@@ -190,6 +200,8 @@ async def subscriber_main(argv: Sequence[str]) -> dict[str, Any]:
                 count, start, limit = word.split()[1:]
                 target.append(int(count))
                 start_ns = int(start)
+                if role == "stalled":
+                    consumer = asyncio.create_task(_consume(sub, tally, role, pace, target))
                 if consumer is not None:
                     if len(tally.seen) >= target[0]:
                         consumer.cancel()
@@ -203,8 +215,19 @@ async def subscriber_main(argv: Sequence[str]) -> dict[str, Any]:
             "duplicates": tally.duplicates,
             "reordered": tally.reordered,
             "highest_seq": tally.last,
-            "reached_target": bool(target) and len(tally.seen) >= target[0],
+            "reached_target": bool(target) and (tally.last if role == "stalled" else len(tally.seen)) >= target[0],
             "sdk_gaps": len(sub.gaps),
+            # What the SDK was told was discarded by retention (reason and count), and gaps it was not told of.
+            "told_lost": sum(g.dropped for g in sub.gaps),
+            "told_lost_by_reason": {
+                "retention bytes": sum(g.over_bytes for g in sub.gaps),
+                "retention age": sum(g.over_age for g in sub.gaps),
+            },
+            "gaps_without_reason": sum(1 for g in sub.gaps if not g.reason),
+            "first_gaps": [
+                {"first": g.first_missing, "last": g.last_missing, "reason": g.reason, "dropped": g.dropped}
+                for g in sub.gaps[:5]
+            ],
             "sdk_duplicates": sub.duplicates,
             "connected_at_end": sub.connected.is_set(),
             "broker_at_end": sub.broker_id,
@@ -261,13 +284,19 @@ def _stats_row(stats: broker_pb2.BrokerStats | None) -> dict[str, Any]:
                 "spilled_count": s.spilled_count,
                 "spilled_bytes": s.spilled_bytes,
                 "in_flight": s.in_flight,
+                "disk_bytes": s.disk_bytes,
+                "max_disk_bytes": s.retention.max_bytes,
+                "dropped_retention_bytes": s.dropped_retention_bytes,
+                "dropped_retention_age": s.dropped_retention_age,
             }
             for s in stats.subscribers
         },
     }
 
 
-async def _sample_loop(pair: PairRun, cfg: SoakConfig, start: float, samples: list[dict[str, Any]]) -> None:
+async def _sample_loop(
+    pair: PairRun, cfg: SoakConfig, start: float, samples: list[dict[str, Any]], folder: Path
+) -> None:
     processes = {"broker-a": pair.active, "broker-b": pair.standby, "monitor": pair.monitor}
     async with contextlib.AsyncExitStack() as stack:
         stubs: dict[str, broker_pb2_grpc.BrokerAdminAsyncStub] = {}
@@ -279,6 +308,12 @@ async def _sample_loop(pair: PairRun, cfg: SoakConfig, start: float, samples: li
             row["rss"] = {name: vm_rss(run.process.pid) for name, run in processes.items()}
             for name, stub in stubs.items():
                 row[name] = _stats_row(await _broker_stats(stub))
+            # Bytes of files under each broker's state folder (segment files, catalog), and of the
+            # stalled subscriber's queue folder, measured on the file system.
+            row["state_dir_bytes"] = {b: _folder_bytes(folder / b[-1]) for b in ("broker-a", "broker-b")}
+            row["stalled_folder_bytes"] = {
+                b: _folder_bytes(folder / b[-1] / "queues" / TOPIC / "soak-stalled") for b in ("broker-a", "broker-b")
+            }
             samples.append(row)
             await asyncio.sleep(cfg.sample_seconds)
 
@@ -327,6 +362,7 @@ def _subscriber(role: str, pair: PairRun, cfg: SoakConfig) -> contextlib.Abstrac
         f"soak-{role}",
         str(budget),
         str(cfg.slow_rate),
+        str(cfg.retention_max_bytes if role == "stalled" else 0),
         what=f"soak subscriber {role}",
     )
 
@@ -337,7 +373,7 @@ async def run(cfg: SoakConfig, progress: Any = None) -> dict[str, Any]:
         folder = Path(tmp)
         monitor = {"stats_interval_ms": "100"}
         with pair_with_monitor(folder, broker=cfg.broker_settings(), monitor=monitor) as pair:
-            result = await _soak(cfg, pair, progress)
+            result = await _soak(cfg, pair, progress, folder)
             result["disk_bytes_at_end"] = _folder_bytes(folder)
             return result
 
@@ -351,7 +387,7 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
-async def _soak(cfg: SoakConfig, pair: PairRun, progress: Any) -> dict[str, Any]:
+async def _soak(cfg: SoakConfig, pair: PairRun, progress: Any, folder: Path) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     sent_marks: list[int] = []
     load_before = os.getloadavg()
@@ -363,7 +399,7 @@ async def _soak(cfg: SoakConfig, pair: PairRun, progress: Any) -> dict[str, Any]
     ):
         start = time.monotonic()
         start_ns = time.time_ns()
-        sampler = asyncio.create_task(_sample_loop(pair, cfg, start, samples))
+        sampler = asyncio.create_task(_sample_loop(pair, cfg, start, samples, folder))
         reporter = asyncio.create_task(_report(progress, start, cfg, samples, sent_marks))
         try:
             published = await _publish(pair.addresses, cfg, start + cfg.seconds, sent_marks)
@@ -377,8 +413,8 @@ async def _soak(cfg: SoakConfig, pair: PairRun, progress: Any) -> dict[str, Any]
             slow_result = await child_result(slow, cfg.drain_limit_seconds + 60)
             drained = time.monotonic() - start
             await asyncio.sleep(cfg.sample_seconds)  # one more sample after the drain
-            await tell(stalled, f"end {sent} {start_ns} 0")
-            stalled_result = await child_result(stalled, 60)
+            await tell(stalled, f"end {sent} {start_ns} {cfg.drain_limit_seconds}")
+            stalled_result = await child_result(stalled, cfg.drain_limit_seconds + 60)
         finally:
             reporter.cancel()
             sampler.cancel()
@@ -446,8 +482,9 @@ def summarize(
     pids: dict[str, int],
 ) -> dict[str, Any]:
     sent = published["sent"]
-    for result in (normal, slow):
+    for result in (normal, slow, stalled):
         result["lost"] = sent - result["distinct"]
+    disk = stalled_disk(samples)
     max_rss = {
         name: max((s["rss"][name] or 0 for s in samples), default=0) for name in ("broker-a", "broker-b", "monitor")
     }
@@ -468,7 +505,17 @@ def summarize(
         "broker_rss_within_budget": all(max_rss[b] <= cfg.rss_budget for b in brokers),
         "held_bytes_within_max_bytes": all(max_held[b] <= cfg.max_bytes for b in brokers),
         "stalled_still_connected": bool(stalled["connected_at_end"]),
+        # It reads at the end: every message it did not get, it was told of, with the reason.
+        "stalled_told_all_it_lost": bool(stalled["reached_target"])
+        and stalled["lost"] == stalled["told_lost"]
+        and stalled["gaps_without_reason"] == 0
+        and stalled["duplicates"] == 0
+        and stalled["reordered"] == 0,
     }
+    if cfg.retention_max_bytes:
+        checks["stalled_disk_within_retention"] = all(
+            v <= cfg.retention_max_bytes for v in (*disk["max_disk_bytes"].values(), *disk["max_folder_bytes"].values())
+        )
     return {
         "benchmark": "soak",
         "config": asdict(cfg),
@@ -486,12 +533,15 @@ def summarize(
         "normal": normal,
         "slow": slow,
         "stalled": stalled | {"queues_at_end": _queues(end, "soak-stalled")},
+        "stalled_disk": disk,
         "slow_queues_before_drain": _queues(_sample_before(samples, publish_ended_s), "soak-slow"),
         "stalled_policy": (
             "durable subscription, overflow mode migrate: the monitor moves it to the standby like any queue over "
-            "its threshold; the serving broker keeps every message it has not acknowledged, in memory up to the "
-            "queue budget and on disk past it, with no limit on disk, until it reads again or its subscription is "
-            "deleted; the active keeps only AWAY_TAIL bytes of it"
+            "its threshold; the serving broker keeps what it has not acknowledged, in memory up to the queue budget "
+            "and on disk past it, within its retention (max bytes on disk "
+            f"{cfg.retention_max_bytes // MIB if cfg.retention_max_bytes else 'the broker default of 8192'} MiB, "
+            "drop_oldest: the oldest on disk are discarded and it is told when it reads); the active keeps only "
+            "AWAY_TAIL bytes of it"
         ),
         "publish_seconds": round(publish_ended_s, 1),
         "slow_drained_at_s": round(drained_s, 1),
@@ -510,6 +560,43 @@ def summarize(
         "cpu_steal_percent": steal,
         "machine": machine(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def stalled_disk(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stalled subscriber's queue on disk over time: per broker, the segment files' bytes the
+    broker reports (SubscriberStats.disk_bytes) and its folder's bytes on the file system."""
+    brokers = ("broker-a", "broker-b")
+
+    def reported(sample: dict[str, Any], broker: str) -> int:
+        return int(sample.get(broker, {}).get("subscribers", {}).get("soak-stalled", {}).get("disk_bytes", 0))
+
+    series = [
+        {
+            "t": s["t"],
+            **{f"{b}_disk_bytes": reported(s, b) for b in brokers},
+            **{f"{b}_folder_bytes": s.get("stalled_folder_bytes", {}).get(b, 0) for b in brokers},
+        }
+        for s in samples
+    ]
+    dropped = {
+        b: max(
+            (
+                s.get(b, {}).get("subscribers", {}).get("soak-stalled", {}).get("dropped_retention_bytes", 0)
+                for s in samples
+            ),
+            default=0,
+        )
+        for b in brokers
+    }
+    return {
+        "max_disk_bytes": {b: max((r[f"{b}_disk_bytes"] for r in series), default=0) for b in brokers},
+        "max_folder_bytes": {b: max((r[f"{b}_folder_bytes"] for r in series), default=0) for b in brokers},
+        "max_state_dir_bytes": {
+            b: max((s.get("state_dir_bytes", {}).get(b, 0) for s in samples), default=0) for b in brokers
+        },
+        "dropped_retention_bytes": dropped,
+        "series": series,
     }
 
 
@@ -559,6 +646,12 @@ def minute_table(
                 },
                 "slow_depth": _depth(within[-1], "soak-slow") if within else None,
                 "stalled_depth": _depth(within[-1], "soak-stalled") if within else None,
+                "stalled_disk_mib": {
+                    b: round(within[-1][b].get("subscribers", {}).get("soak-stalled", {}).get("disk_bytes", 0) / MIB, 1)
+                    if within
+                    else None
+                    for b in ("broker-a", "broker-b")
+                },
                 "spilled_mib": {
                     b: round(within[-1][b].get("spilled_bytes", 0) / MIB, 1) if within else None
                     for b in ("broker-a", "broker-b")
@@ -573,15 +666,16 @@ def markdown(result: dict[str, Any]) -> str:
     """The per-minute table and the checks, as Markdown."""
     lines = [
         "| min | sent | normal p50 ms | normal p99 ms | RSS a MiB | RSS b MiB | RSS monitor MiB "
-        "| slow depth | stalled depth | spilled a/b MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| slow depth | stalled depth | spilled a/b MiB | stalled disk a/b MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["minutes"]:
         rss = r["max_rss_mib"]
         lines.append(
             f"| {r['minute']} | {r['sent']} | {r['normal_p50_ms']} | {r['normal_p99_ms']} | {rss['broker-a']} "
             f"| {rss['broker-b']} | {rss['monitor']} | {r['slow_depth']} | {r['stalled_depth']} "
-            f"| {r['spilled_mib']['broker-a']}/{r['spilled_mib']['broker-b']} |"
+            f"| {r['spilled_mib']['broker-a']}/{r['spilled_mib']['broker-b']} "
+            f"| {r['stalled_disk_mib']['broker-a']}/{r['stalled_disk_mib']['broker-b']} |"
         )
     return "\n".join(lines)
 
@@ -593,7 +687,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt  # noqa: PLC0415 - after choosing the backend
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7))
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 10))
     ts = [s["t"] / 60 for s in result["samples"]]
     for name in ("broker-a", "broker-b", "monitor"):
         top.plot(ts, [(s["rss"][name] or 0) / MIB for s in result["samples"]], label=f"{name} RSS", linewidth=1)
@@ -605,6 +699,23 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     top.set_title(f"Soak: RSS over time ({result['offered_rate']} msgs/s offered; dotted: publishing ends)")
     top.legend(loc="upper left", fontsize=8)
     top.grid(True, alpha=0.3)
+    series = result["stalled_disk"]["series"]
+    for name in ("broker-a", "broker-b"):
+        middle.plot(
+            [r["t"] / 60 for r in series],
+            [r[f"{name}_folder_bytes"] / MIB for r in series],
+            label=f"{name}: stalled queue's files",
+            linewidth=1,
+        )
+    limit = result["config"]["retention_max_bytes"]
+    if limit:
+        middle.axhline(limit / MIB, color="red", linewidth=0.8, linestyle="--", label="retention max bytes")
+    middle.set_xlabel("minutes")
+    middle.set_ylabel("MiB")
+    middle.set_ylim(bottom=0)
+    middle.set_title("Stalled subscriber: its queue on disk (drop_oldest)")
+    middle.legend(loc="upper left", fontsize=8)
+    middle.grid(True, alpha=0.3)
     rows = result["normal"].get("per_minute", [])
     minutes = [r["minute"] for r in rows]
     for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("max_ms", "max")):
@@ -638,6 +749,14 @@ def bench_soak(  # noqa: PLR0917 - typer commands take one parameter per option
     queue_budget_mib: Annotated[
         int, typer.Option("--queue-budget-mib", min=1, help="The brokers' QUEUE_BUDGET and each subscription's.")
     ] = SoakConfig.queue_budget // MIB,
+    retention_mib: Annotated[
+        int,
+        typer.Option(
+            "--retention-mib",
+            min=0,
+            help="The stalled subscription's retention maximum on disk, drop_oldest (0 = the broker default).",
+        ),
+    ] = 0,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result here (and the plot next to it, .png).")
     ] = None,
@@ -651,6 +770,7 @@ def bench_soak(  # noqa: PLR0917 - typer commands take one parameter per option
         max_bytes=max_bytes_mib * MIB,
         queue_budget=queue_budget_mib * MIB,
         away_tail=min(SoakConfig.away_tail, queue_budget_mib * MIB),
+        retention_max_bytes=retention_mib * MIB,
     )
     console.print(
         f"bench soak: {cfg.minutes:g} min at an offered {cfg.rate} msgs/s of {cfg.size} B "
@@ -668,8 +788,20 @@ def bench_soak(  # noqa: PLR0917 - typer commands take one parameter per option
         f"normal: received {normal['received']}, lost {normal['lost']}, duplicates {normal['duplicates']}, "
         f"reordered {normal['reordered']}, latency p50 {normal['latency_ms']['p50']} ms p99 "
         f"{normal['latency_ms']['p99']} ms; slow (after draining, {result['slow_drained_at_s']} s): lost "
-        f"{slow['lost']}, duplicates {slow['duplicates']}, reordered {slow['reordered']}; stalled: received "
-        f"{stalled['received']}, connected {stalled['connected_at_end']} to {stalled['broker_at_end']}"
+        f"{slow['lost']}, duplicates {slow['duplicates']}, reordered {slow['reordered']}; stalled (reading at the "
+        f"end): received {stalled['distinct']}, lost {stalled['lost']}, told it lost {stalled['told_lost']} "
+        f"({stalled['told_lost_by_reason']}), duplicates {stalled['duplicates']}, reordered {stalled['reordered']}"
+    )
+    disk = result["stalled_disk"]
+    console.print(
+        "stalled queue on disk, largest MiB (reported / files): "
+        + ", ".join(
+            f"{b} {disk['max_disk_bytes'][b] / MIB:.1f} / {disk['max_folder_bytes'][b] / MIB:.1f}"
+            for b in ("broker-a", "broker-b")
+        )
+        + (f" (retention {cfg.retention_max_bytes // MIB} MiB)" if cfg.retention_max_bytes else "")
+        + "; discarded by retention: "
+        + ", ".join(f"{b} {n}" for b, n in disk["dropped_retention_bytes"].items())
     )
     console.print(
         "max RSS MiB: "
@@ -693,5 +825,7 @@ def bench_soak(  # noqa: PLR0917 - typer commands take one parameter per option
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in ROLES:
-        raise SystemExit(f"usage: python -m sokutatsu.cli.bench_soak {{{'|'.join(ROLES)}}} ADDRESSES ID BUDGET RATE")
+        raise SystemExit(
+            f"usage: python -m sokutatsu.cli.bench_soak {{{'|'.join(ROLES)}}} ADDRESSES ID BUDGET RATE RETENTION"
+        )
     print(json.dumps(asyncio.run(subscriber_main(sys.argv[1:]))))  # noqa: T201

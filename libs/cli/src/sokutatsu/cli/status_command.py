@@ -13,7 +13,7 @@ from grpc import aio
 from rich.console import Console
 from rich.table import Table
 
-from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
@@ -34,20 +34,22 @@ def status(
     Tables fit the terminal (cells wrap, nothing is cut); --json gives everything for scripts.
     """
 
-    async def fetch() -> monitor_pb2.MonitorStatus:
+    async def fetch() -> tuple[monitor_pb2.MonitorStatus, list[broker_pb2.BrokerStats]]:
         async with open_channel(monitor) as channel:
             reply: monitor_pb2.MonitorStatus = await monitor_pb2_grpc.MonitorStub(channel).GetStatus(
                 monitor_pb2.GetStatusRequest(recent_switchovers=max(0, recent)), timeout=10
             )
-            return reply
+        brokers = await asyncio.gather(*(_broker_stats(b.address) for b in reply.brokers if not b.error))
+        return reply, [b for b in brokers if b is not None]
 
     try:
-        reply = asyncio.run(fetch())
+        reply, broker_stats = asyncio.run(fetch())
     except aio.AioRpcError as exc:
         err.print(f"sokutatsu: error: monitor at {monitor}: {exc.code().name}: {exc.details()}", markup=False)
         raise typer.Exit(1) from None
     if as_json:
         body = MessageToDict(reply, always_print_fields_with_no_presence=True, preserving_proto_field_name=True)
+        body["retention"] = [_retention_dict(b) for b in broker_stats]
         print(json.dumps(body, indent=2))  # noqa: T201 - the command's output, for machines
         return
     console.print(brokers_table(reply, monitor))
@@ -57,6 +59,88 @@ def status(
         for a in reply.assignments:
             console.print(f"  {a.subscriber_id} on {a.topic}: {a.threshold_basis}", markup=False)
     console.print(switchovers_table(reply))
+    console.print(retention_table(broker_stats))
+
+
+async def _broker_stats(address: str) -> broker_pb2.BrokerStats | None:
+    """A broker's own statistics (retention per subscription); None when it does not answer."""
+    try:
+        async with open_channel(address) as channel:
+            stats: broker_pb2.BrokerStats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+                broker_pb2.GetStatsRequest(), timeout=5
+            )
+            return stats
+    except aio.AioRpcError:
+        return None
+
+
+def _policy(retention: broker_pb2.Retention) -> str:
+    return broker_pb2.RetentionPolicy.Name(retention.policy).removeprefix("RETENTION_POLICY_").lower()
+
+
+def _limit(value: float, unit: str) -> str:
+    return "none" if not value else f"{value:g} {unit}"
+
+
+def _age(millis: int) -> str:
+    return "" if not millis else f"{millis / 1000:.1f} s"
+
+
+def _retention_dict(stats: broker_pb2.BrokerStats) -> dict[str, object]:
+    return {
+        "broker_id": stats.broker_id,
+        "defaults": MessageToDict(stats.retention, preserving_proto_field_name=True),
+        "subscription_expiry_s": stats.subscription_expiry_s,
+        "subscriptions_expired": stats.subscriptions_expired,
+        "subscribers": [
+            {
+                "subscriber_id": s.subscriber_id,
+                "topic": s.topic,
+                "disk_bytes": s.disk_bytes,
+                "oldest_age_ms": s.oldest_age_ms,
+                "max_bytes": s.retention.max_bytes,
+                "max_age_ms": s.retention.max_age_ms,
+                "policy": _policy(s.retention),
+                "dropped_retention_bytes": s.dropped_retention_bytes,
+                "dropped_retention_age": s.dropped_retention_age,
+                "refused_publishes": s.refused_publishes,
+            }
+            for s in stats.subscribers
+        ],
+    }
+
+
+def retention_table(brokers: list[broker_pb2.BrokerStats]) -> Table:
+    """Per broker and subscription: disk held, oldest age, the limits in force, what they discarded."""
+    title = "retention (per subscription, on each broker)"
+    for b in brokers:
+        r = b.retention
+        title += (
+            f"\n  {b.broker_id}: defaults max {_limit(r.max_bytes / 2**20, 'MiB')}, "
+            f"age {_limit(r.max_age_ms / 1000, 's')}, {_policy(r)}; "
+            f"expiry {_limit(b.subscription_expiry_s, 's')}, {b.subscriptions_expired} expired"
+        )
+    table = Table(title=title, title_justify="left")
+    left = ("broker", "subscriber", "topic", "policy")
+    for column in (*left[:3], "disk MiB", "max MiB", "oldest", "max age", "policy", "dropped bytes", "dropped age"):
+        table.add_column(column, justify="left" if column in left else "right", overflow="fold")
+    table.add_column("refused", justify="right")
+    for b in brokers:
+        for s in b.subscribers:
+            table.add_row(
+                b.broker_id,
+                s.subscriber_id,
+                s.topic,
+                _mib(s.disk_bytes),
+                _limit(s.retention.max_bytes / 2**20, ""),
+                _age(s.oldest_age_ms),
+                _limit(s.retention.max_age_ms / 1000, "s"),
+                _policy(s.retention),
+                str(s.dropped_retention_bytes),
+                str(s.dropped_retention_age),
+                str(s.refused_publishes),
+            )
+    return table
 
 
 def _role(role: broker_pb2.BrokerRole.ValueType) -> str:

@@ -54,6 +54,13 @@ _MODES = {
 }
 
 
+_POLICIES = {
+    None: broker_pb2.RETENTION_POLICY_UNSPECIFIED,
+    "drop_oldest": broker_pb2.RETENTION_POLICY_DROP_OLDEST,
+    "refuse_publish": broker_pb2.RETENTION_POLICY_REFUSE_PUBLISH,
+}
+
+
 _SubscribeCall = aio.StreamStreamCall[broker_pb2.SubscribeRequest, broker_pb2.SubscribeResponse]
 
 
@@ -78,6 +85,9 @@ class Subscriber:
         durable: bool = False,
         mode: Literal["flow-to-disk", "migrate"] | None = None,
         memory_budget: int = 0,
+        retention_max_bytes: int = 0,
+        retention_max_age: float = 0.0,
+        retention_policy: Literal["drop_oldest", "refuse_publish"] | None = None,
         flow_limit: int = 1000,
         flow_threshold: float = 0.5,
         ack_interval: float = 0.05,
@@ -105,6 +115,12 @@ class Subscriber:
             durable=durable,
             overflow_mode=_MODES[mode],
             memory_budget_bytes=memory_budget,
+            # A durable subscription's retention (0 / None = the broker's maximum and default policy).
+            retention=broker_pb2.Retention(
+                max_bytes=retention_max_bytes,
+                max_age_ms=round(retention_max_age * 1000),
+                policy=_POLICIES[retention_policy],
+            ),
         )
         self.flow_limit = flow_limit
         self._grant_at = max(1, int(flow_limit * flow_threshold))
@@ -355,7 +371,21 @@ class Subscriber:
                 continue
             if accepted is not None:
                 accepted.append(message)
-            if message.previous_seq > have and have:
+            told = message.retention_gap if message.HasField("retention_gap") else None
+            if told is not None and told.last_seq > have:
+                # The subscription's retention discarded messages before this one: the broker says which and why.
+                gap = GapError(
+                    publisher,
+                    max(have + 1, told.first_seq),
+                    max(told.last_seq, message.previous_seq),
+                    over_bytes=told.over_bytes,
+                    over_age=told.over_age,
+                )
+                self.gaps.append(gap)
+                log.warning("%s", gap)
+                if self.on_gap == "raise":
+                    buffer.append(gap)
+            elif message.previous_seq > have and have:
                 gap = GapError(publisher, have + 1, message.previous_seq)
                 self.gaps.append(gap)
                 log.warning("%s", gap)

@@ -19,7 +19,7 @@ from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_name
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
-from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.subscription import Retention, SubscriptionSpec
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
@@ -131,6 +131,16 @@ class Broker:
         # (topic, subscriber id) of durable subscriptions deleted here: the peer's list
         # does not bring them back (until a client creates one again).
         self._deleted: set[tuple[str, str]] = set()
+        # The broker's retention maximums (each queue's default; a subscription may ask for less).
+        self.retention = Retention(
+            max_bytes=settings.retention_max_bytes,
+            max_age_ms=round(settings.retention_max_age * 1000),
+            policy=settings.retention_policy,
+        )
+        # Durable subscriptions expired (SUBSCRIPTION_EXPIRY) here or on the peer since start, and
+        # the names this broker expired, sent to the peer with the subscription list.
+        self.subscriptions_expired = 0
+        self.expired_names: list[tuple[str, str]] = []
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
 
@@ -236,7 +246,7 @@ class Broker:
             # for them would hold every switchover of it at step 2 (position below the floor).
             floor=dict(topic.published),
             away_tail=self.settings.away_tail,
-            disk_limit=self.settings.queue_disk_limit,
+            retention=self.retention.within(spec.retention),
             spec=spec,
             folder=self._queue_folder(spec),
             disk=self.disk,
@@ -250,7 +260,11 @@ class Broker:
 
     def subscription_spec(self, sub: broker_pb2.Subscription) -> SubscriptionSpec:
         return SubscriptionSpec.from_proto(
-            sub, self.settings.default_mode, self.settings.queue_budget, self.settings.max_queue_budget
+            sub,
+            self.settings.default_mode,
+            self.settings.queue_budget,
+            self.settings.max_queue_budget,
+            self.retention,
         )
 
     async def create_subscription(self, spec: SubscriptionSpec) -> SubscriptionSpec:
@@ -474,6 +488,8 @@ class Broker:
                 )
             if m.previous_seq:
                 m.previous_seq = 0
+            if m.HasField("retention_gap"):
+                m.ClearField("retention_gap")
             if total_order and not m.HasField("stamp"):
                 raise InvalidArgument(f"message seq {seq}: topic {echo(topic.spec.name)} is total-order; stamp it")
 
@@ -489,8 +505,8 @@ class Broker:
         self._validate(publisher_id, state, topic, batch)
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
-        queues = topic.queue_list
-        unfiltered = topic.unfiltered
+        # refuse_publish queues at their maximum bytes (looked at once per batch).
+        full = [q for q in topic.queue_list if q.full()]
         usages = (topic.usage, self.usage)
         messages = batch.messages
         spilled: set[SubscriptionQueue] = set()
@@ -508,15 +524,16 @@ class Broker:
                     f"publisher {echo(publisher_id)}: seq {seq} follows {last}; sequence numbers must have no gaps "
                     f"(resend from {last + 1})"
                 )
-            matching = queues if unfiltered else [q for q in queues if q.spec.matches(m.key)]
+            matching, rejection = self._route(topic, full, m, state, messages[-1].publisher_seq)
+            if rejection is not None:
+                break
             if not matching:
                 state.last_seq = seq
                 state.rejecting = False
                 self.published_total += 1
                 continue
             payload = m.SerializeToString()
-            size = len(payload)
-            limit = topic.usage.exceeded_by(size) or self.usage.exceeded_by(size)
+            limit = topic.usage.exceeded_by(len(payload)) or self.usage.exceeded_by(len(payload))
             if limit is not None:
                 if m.persistent:
                     rejection = self._reject(seq, messages[-1].publisher_seq, f"{limit} reached")
@@ -554,6 +571,47 @@ class Broker:
             self.streaming.pop(publisher_id, None)
         else:
             self.streaming[publisher_id] -= 1
+
+    def _route(
+        self,
+        topic: Topic,
+        full: list[SubscriptionQueue],
+        m: broker_pb2.Message,
+        state: PublisherState,
+        last: int,
+    ) -> tuple[list[SubscriptionQueue], broker_pb2.PublishRejection | None]:
+        """The queues ``m`` goes to. refuse_publish: a persistent message for a full queue is
+        refused (with the rest of its batch, go-back-N); a non-persistent one is not kept for the
+        full queues."""
+        queues = topic.queue_list
+        matching = queues if topic.unfiltered else [q for q in queues if q.spec.matches(m.key)]
+        blocked = [q for q in matching if q in full] if full else []
+        if not blocked:
+            return matching, None
+        if m.persistent:
+            state.rejecting = True
+            return matching, self._refuse_for(blocked[0], m.publisher_seq, last)
+        for queue in blocked:
+            queue.not_kept(m.publisher_id, m.publisher_seq)
+        return [q for q in matching if q not in blocked], None
+
+    def _refuse_for(self, queue: SubscriptionQueue, first: int, last: int) -> broker_pb2.PublishRejection:
+        """refuse_publish: ``queue`` is at its maximum bytes on disk."""
+        queue.kept.refused_publishes += last - first + 1
+        self.rejected_total += last - first + 1
+        limit = (
+            f"subscription {queue.spec.subscriber_id} to {queue.spec.topic} retention max_bytes "
+            f"({queue.retention.max_bytes} bytes, refuse_publish)"
+        )
+        return broker_pb2.PublishRejection(
+            first_seq=first,
+            last_seq=last,
+            limit=limit,
+            message=(
+                f"RESOURCE_EXHAUSTED: {limit} reached: persistent messages {first}..{last} were not stored; send "
+                "them again once that subscriber catches up, or delete its subscription"
+            ),
+        )
 
     def _reject(self, first: int, last: int, why: str) -> broker_pb2.PublishRejection:
         self.rejected_total += last - first + 1
@@ -769,6 +827,7 @@ class Broker:
                             topic=queue.spec.topic,
                             subscriber_id=queue.spec.subscriber_id,
                             acked=broker_pb2.Position(last_seq=queue.acked),
+                            retention_gaps=queue.kept.to_proto(),
                         )
                     )
         return out
@@ -786,7 +845,7 @@ class Broker:
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
             if queue is not None and queue.state in (SHADOW, AWAY):
-                queue.trim(dict(mark.acked.last_seq))
+                queue.trim(dict(mark.acked.last_seq), mark.retention_gaps)
 
     def holdings(self) -> list[broker_pb2.SubscriberHoldings]:
         """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4)."""
@@ -833,6 +892,58 @@ class Broker:
     def queues_behind(self) -> int:
         return sum(1 for t in self.topics.values() for q in t.queue_list if q.spec.durable and q.behind)
 
+    # ------------------------------------------------------------ retention --
+    async def tick_retention(self) -> None:
+        """About once a second: discard what is past its queue's maximum age, and expire durable
+        subscriptions nobody attached to for SUBSCRIPTION_EXPIRY."""
+        now_ns = time.time_ns()
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                queue.expire(now_ns)
+        expiry = self.settings.subscription_expiry
+        if not expiry:
+            return
+        now = time.monotonic()
+        expired = [
+            q
+            for t in self.topics.values()
+            for q in t.queue_list
+            if q.spec.durable and not q.attached and q.state in (SERVING, LEAVING) and now - q.idle_since >= expiry
+        ]
+        for queue in expired:
+            self._expire(queue, f"nobody attached to it for {expiry:g} s (SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY)")
+        if expired:
+            self.expired_names = (self.expired_names + [(q.spec.topic, q.spec.subscriber_id) for q in expired])[-1000:]
+            # The next watermark frame carries the subscription list, and with it the expired names.
+            self.subscriptions_version += 1
+            await self._save_catalog()
+
+    def _expire(self, queue: SubscriptionQueue, why: str) -> None:
+        log.warning(
+            "expired the durable subscription of %s to %s (%d messages, %d bytes on disk freed): %s",
+            queue.spec.subscriber_id,
+            queue.spec.topic,
+            queue.depth,
+            queue.file_bytes,
+            why,
+        )
+        self._remove_queue(queue)
+        self._deleted.add((queue.spec.topic, queue.spec.subscriber_id))
+        self.subscriptions_expired += 1
+
+    async def apply_expired(self, names: Sequence[broker_pb2.SubscriptionName]) -> None:
+        """The peer expired these durable subscriptions: delete the copies here (not one attached here)."""
+        removed = 0
+        for name in names:
+            topic = self.topics.get(name.topic)
+            queue = topic.queues.get(name.subscriber_id) if topic else None
+            if queue is None or not queue.spec.durable or queue.attached:
+                continue
+            self._expire(queue, "the peer expired it")
+            removed += 1
+        if removed:
+            await self._save_catalog()
+
     # ---------------------------------------------------------------- stats --
     def tick_rates(self) -> None:
         """Update per-queue in/out rates (called about once a second)."""
@@ -876,7 +987,11 @@ class Broker:
             auth_refusals=self.auth_refusals(),
             caught_up=self.caught_up,
             queues_behind=self.queues_behind,
+            retention=self.retention.to_proto(),
+            subscription_expiry_s=round(self.settings.subscription_expiry),
+            subscriptions_expired=self.subscriptions_expired,
         )
+        now_ns = time.time_ns()
         for topic in self.topics.values():
             for queue in topic.queue_list:
                 rates = self._rates.get(id(queue), Rates())
@@ -891,7 +1006,12 @@ class Broker:
                         memory_bytes=queue.memory_bytes,
                         memory_budget_bytes=queue.spec.budget,
                         spilled_count=queue.disk_count + queue.spilling + len(queue.spill_buffer),
-                        dropped_over_disk_limit=queue.dropped_over_disk_limit,
+                        dropped_retention_bytes=queue.kept.dropped_bytes,
+                        dropped_retention_age=queue.kept.dropped_age,
+                        refused_publishes=queue.kept.refused_publishes,
+                        retention=queue.retention.to_proto(),
+                        disk_bytes=queue.file_bytes,
+                        oldest_age_ms=queue.oldest_age_ms(now_ns),
                         spilled_bytes=queue.disk_bytes,
                         in_flight=len(queue.in_flight),
                         credits=max(queue.credits, 0),

@@ -40,10 +40,11 @@ def check_key(value: str, seq: int) -> None:
         )
 
 
-def delivery_element(payload: bytes, previous_seq: int) -> bytes:
-    """One ``DeliveryBatch.messages`` element: the stored payload with ``previous_seq`` set."""
-    if previous_seq:
-        tail = _TAG_PREVIOUS_SEQ + varint(previous_seq)
+def delivery_element(payload: bytes, previous_seq: int, extra: bytes = b"") -> bytes:
+    """One ``DeliveryBatch.messages`` element: the stored payload with ``previous_seq`` set, then
+    ``extra`` (serialised fields the broker sets on delivery, e.g. ``retention_gap``)."""
+    if previous_seq or extra:
+        tail = (_TAG_PREVIOUS_SEQ + varint(previous_seq) if previous_seq else b"") + extra
         return b"".join((_TAG_DELIVERY_MESSAGE, varint(len(payload) + len(tail)), payload, tail))
     return b"".join((_TAG_DELIVERY_MESSAGE, varint(len(payload)), payload))
 

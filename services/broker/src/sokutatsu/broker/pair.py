@@ -141,6 +141,12 @@ async def _frames(
                 role=broker.role,
                 epoch=broker.epoch,
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
+                expired=[
+                    broker_pb2.SubscriptionName(topic=topic, subscriber_id=subscriber)
+                    for topic, subscriber in broker.expired_names
+                ]
+                if version != subscriptions_sent
+                else (),
                 session=session,
                 holdings_included=holdings,
                 holdings=broker.holdings() if holdings else (),
@@ -158,3 +164,5 @@ async def receive_watermarks(broker: Broker, frames: AsyncIterator[broker_pb2.De
         broker.apply_watermarks(frame)
         if frame.subscriptions:
             await broker.adopt_subscriptions(frame.subscriptions)
+        if frame.expired:
+            await broker.apply_expired(frame.expired)

@@ -64,7 +64,7 @@ import struct
 import sys
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -384,6 +384,55 @@ class SegmentLog:
             )
         segment.acked += count
         self._delete_if_done(segment)
+
+    def discard_oldest(self, target_bytes: int) -> list[bytes]:
+        """Retention (drop the oldest): read and acknowledge the oldest unread records, a segment's
+        worth at a time, until the segment files take at most ``target_bytes`` or nothing is unread.
+
+        Returns their payloads, oldest first, so the owner can tell whom they were for. A segment
+        goes once every record in it was read and acknowledged (as :meth:`ack` says), so records
+        that were read earlier and are not acknowledged yet (in flight) keep theirs, and the one
+        being written stays until the next append rolls past it.
+        """
+        self._check_open()
+        out: list[bytes] = []
+        while self._disk_bytes > target_bytes and self._unread_count > 0:
+            segment = self._queue[0]
+            records = self.read(max(1, segment.records - segment.read), MAX_PAYLOAD)
+            counts: dict[int, int] = {}
+            for segment_id, payload in records:
+                counts[segment_id] = counts.get(segment_id, 0) + 1
+                out.append(payload)
+            for segment_id, count in counts.items():
+                self.ack(segment_id, count)
+        return out
+
+    def discard_while(self, old: Callable[[bytes], bool], max_records: int) -> list[bytes]:
+        """Retention by age: read and acknowledge the oldest unread records while ``old`` says so of
+        each (looked at before it is taken: the first one it refuses stays unread), at most
+        ``max_records``. Returns their payloads, oldest first."""
+        self._check_open()
+        out: list[bytes] = []
+        while len(out) < max_records and self._unread_count > 0:
+            segment = self._queue[0]
+            reader = self._reader
+            try:
+                if reader is None or reader.segment is not segment:
+                    self._close_reader()
+                    reader = self._reader = _RecordReader(os.open(segment.path, os.O_RDONLY), segment)
+                at = reader.offset
+                payload = bytes(reader.next(segment.size))
+            except _BadRecord as bad:
+                raise SegmentLogError(f"{segment.path}: corrupt record at offset {bad.offset}: {bad.reason}") from None
+            except OSError as error:
+                raise SegmentLogError(f"{segment.path}: cannot read: {_error_text(error)}") from error
+            reader.offset = at
+            if not old(payload):
+                break
+            [(segment_id, taken)] = self.read(1, MAX_PAYLOAD)
+            self.ack(segment_id, 1)
+            out.append(taken)
+        return out
 
     def close(self) -> None:
         """Close the file handles and release the folder lock; idempotent. Other calls then raise."""

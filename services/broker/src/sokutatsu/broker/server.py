@@ -46,6 +46,7 @@ def build(settings: BrokerSettings) -> Register:
             while True:
                 await asyncio.sleep(RATES_INTERVAL_SECONDS)
                 broker.tick_rates()
+                await broker.tick_retention()
 
         context.start_background(rates(), "broker-rates")
         context.start_background(stream_watermarks(broker, lambda: context.address), "broker-watermarks")

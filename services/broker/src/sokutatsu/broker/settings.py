@@ -11,6 +11,23 @@ from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.settings import SettingsError, choice, parse_address, parse_bool, parse_name, parse_size, setting
 
 parse_mode = choice("flow-to-disk", "migrate")
+parse_policy = choice("drop_oldest", "refuse_publish")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(raw: str) -> float:
+    """Seconds from e.g. "7d", "12h", "30m", "45s", "500ms" or a plain number of seconds (0 = none)."""
+    text = raw.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h", "d") if text.endswith(u)), "")
+    try:
+        value = float(text.removesuffix(unit)) * _UNITS.get(unit, 1.0)
+    except ValueError:
+        raise SettingsError("expected a duration, e.g. 7d, 12h, 30m, 45s or 500ms (0 = none)") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError("expected 0 (none) or a positive duration")
+    return value
+
+
 parse_role = choice("active", "standby")
 
 
@@ -169,14 +186,43 @@ class BrokerSettings(ServiceSettings):
         "100 ms in any case, so the peer knows this broker is up).",
         parse_millis,
     )
-    queue_disk_limit: int = setting(
-        "QUEUE_DISK_LIMIT",
-        0,
-        "Most bytes one subscriber queue may hold on disk beyond its memory budget (0 = no limit), e.g. 10GiB. "
-        "Over it, new messages are not kept for that subscriber (counted as dropped_over_disk_limit; its SDK "
-        "reports the gap), so a subscriber that stopped reading cannot fill the disk; publishers and other "
-        "subscribers are not affected.",
+    # Retention (docs/broker.md, Retention and expiry). Each is the default of a durable
+    # subscription's queue and its maximum: CreateSubscription may only ask for less.
+    retention_max_bytes: int = setting(
+        "RETENTION_MAX_BYTES",
+        8 * 2**30,
+        "Most bytes of segment files one subscription's queue may hold on disk (0 = no limit), e.g. 64MiB; "
+        "the default and the maximum of Subscription.retention.max_bytes. Over it, RETENTION_POLICY applies. "
+        "8GiB is about four hours of a subscriber that stopped reading at the soak's rate (952 MB in 30 "
+        "minutes); memory (QUEUE_BUDGET) is not counted. Replaces QUEUE_DISK_LIMIT (off by default; it dropped "
+        "the newest, told as a plain gap).",
         parse_size,
+    )
+    retention_max_age: float = setting(
+        "RETENTION_MAX_AGE",
+        7 * 86400.0,
+        "Messages a subscription's queue holds longer than this after they were published "
+        "(Message.publish_time_unix_nano) are discarded, whatever the policy, and the subscriber is told "
+        "(0 = no limit), e.g. 7d, 12h, 30s; the default and the maximum of Subscription.retention.max_age_ms. "
+        "7 days, as Kafka's retention.ms: a week-long outage of a consumer loses nothing.",
+        parse_duration,
+    )
+    retention_policy: str = setting(
+        "RETENTION_POLICY",
+        "drop_oldest",
+        "What a queue at RETENTION_MAX_BYTES does when its subscription does not say: drop_oldest (discard the "
+        "oldest messages on disk; the subscriber's next delivery carries a gap naming the reason and the "
+        "count) or refuse_publish (new persistent publishes to its topic are refused with RESOURCE_EXHAUSTED "
+        "naming the subscription and the limit, until it has room).",
+        parse_policy,
+    )
+    subscription_expiry: float = setting(
+        "SUBSCRIPTION_EXPIRY",
+        7 * 86400.0,
+        "A durable subscription nobody attached to for this long is deleted, on both brokers of the pair, its "
+        "disk freed (0 = never), e.g. 7d, 12h. The time counts from its last stream's end, or from the "
+        "broker's start for one that never had a stream since (a restart postpones expiry, never hastens it).",
+        parse_duration,
     )
     away_tail: int = setting(
         "AWAY_TAIL",

@@ -16,6 +16,48 @@ _MODES = {
     broker_pb2.OVERFLOW_MODE_MIGRATE: MIGRATE,
 }
 _MODE_ENUMS = {v: k for k, v in _MODES.items()}
+DROP_OLDEST = "drop_oldest"
+REFUSE_PUBLISH = "refuse_publish"
+_POLICIES = {
+    broker_pb2.RETENTION_POLICY_DROP_OLDEST: DROP_OLDEST,
+    broker_pb2.RETENTION_POLICY_REFUSE_PUBLISH: REFUSE_PUBLISH,
+}
+_POLICY_ENUMS = {v: k for k, v in _POLICIES.items()}
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Retention limits of a queue (0 = none): bytes of segment files on disk, age in milliseconds,
+    and what a queue at its maximum bytes does. The broker's are each queue's default and maximum."""
+
+    max_bytes: int = 0
+    max_age_ms: int = 0
+    policy: str = DROP_OLDEST
+
+    def to_proto(self) -> broker_pb2.Retention:
+        return broker_pb2.Retention(
+            max_bytes=self.max_bytes, max_age_ms=self.max_age_ms, policy=_POLICY_ENUMS[self.policy]
+        )
+
+    def within(self, requested: Retention) -> Retention:
+        """The limits in force for a subscription that asked for ``requested`` (0 / "" = these)."""
+        return Retention(
+            max_bytes=requested.max_bytes or self.max_bytes,
+            max_age_ms=requested.max_age_ms or self.max_age_ms,
+            policy=requested.policy or self.policy,
+        )
+
+    def check(self, requested: broker_pb2.Retention) -> None:
+        """INVALID_ARGUMENT when ``requested`` asks for more than these maximums."""
+        for asked, maximum, what, setting in (
+            (requested.max_bytes, self.max_bytes, "max_bytes", "SOKUTATSU_BROKER_RETENTION_MAX_BYTES"),
+            (requested.max_age_ms, self.max_age_ms, "max_age_ms", "SOKUTATSU_BROKER_RETENTION_MAX_AGE"),
+        ):
+            if maximum and asked > maximum:
+                raise InvalidArgument(
+                    f"Subscription.retention.{what} {asked} is over the broker's maximum of {maximum} ({setting}); "
+                    "ask for less, or 0 for the maximum"
+                )
 
 
 @dataclass(frozen=True)
@@ -27,6 +69,8 @@ class SubscriptionSpec:
     durable: bool
     mode: str
     budget: int
+    # Retention asked for (0 / "" = the broker's; docs/broker.md, Retention and expiry).
+    retention: Retention = Retention(policy="")
 
     @property
     def filtered(self) -> bool:
@@ -39,9 +83,16 @@ class SubscriptionSpec:
 
     @classmethod
     def from_proto(
-        cls, sub: broker_pb2.Subscription, default_mode: str, default_budget: int, max_budget: int
+        cls,
+        sub: broker_pb2.Subscription,
+        default_mode: str,
+        default_budget: int,
+        max_budget: int,
+        retention_maximums: Retention | None = None,
     ) -> SubscriptionSpec:
         check_name("subscriber id", sub.subscriber_id)
+        if retention_maximums is not None:
+            retention_maximums.check(sub.retention)
         check_name("topic name", sub.topic)
         for key in [*sub.filter.exact_keys, *sub.filter.prefixes]:
             if not key or len(key) > 256:
@@ -66,6 +117,11 @@ class SubscriptionSpec:
             durable=sub.durable,
             mode=_MODES.get(sub.overflow_mode, default_mode),
             budget=sub.memory_budget_bytes or default_budget,
+            retention=Retention(
+                max_bytes=sub.retention.max_bytes,
+                max_age_ms=sub.retention.max_age_ms,
+                policy=_POLICIES.get(sub.retention.policy, ""),
+            ),
         )
 
     def to_proto(self) -> broker_pb2.Subscription:
@@ -76,6 +132,11 @@ class SubscriptionSpec:
             durable=self.durable,
             overflow_mode=_MODE_ENUMS[self.mode],
             memory_budget_bytes=self.budget,
+            retention=broker_pb2.Retention(
+                max_bytes=self.retention.max_bytes,
+                max_age_ms=self.retention.max_age_ms,
+                policy=_POLICY_ENUMS.get(self.retention.policy, broker_pb2.RETENTION_POLICY_UNSPECIFIED),
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -87,6 +148,11 @@ class SubscriptionSpec:
             "durable": self.durable,
             "mode": self.mode,
             "budget": self.budget,
+            "retention": {
+                "max_bytes": self.retention.max_bytes,
+                "max_age_ms": self.retention.max_age_ms,
+                "policy": self.retention.policy,
+            },
         }
 
     @classmethod
@@ -99,4 +165,5 @@ class SubscriptionSpec:
             durable=data["durable"],
             mode=data["mode"],
             budget=data["budget"],
+            retention=Retention(**data.get("retention", {"policy": ""})),
         )

@@ -51,12 +51,14 @@ import logging
 import struct
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_element
-from sokutatsu.broker.segment_log import SegmentLog, SegmentLogError
-from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.retention import AGE, BYTES, RetentionGaps
+from sokutatsu.broker.segment_log import HEADER_BYTES, SegmentLog, SegmentLogError
+from sokutatsu.broker.subscription import DROP_OLDEST, REFUSE_PUBLISH, Retention, SubscriptionSpec
 from sokutatsu.broker.v1 import broker_pb2
 
 _PREV = struct.Struct("<Q")
@@ -86,6 +88,19 @@ class Item:
         self.segment = segment
 
 
+def _segment_bytes(retention: Retention) -> int:
+    """Segment files of a queue with a maximum on disk are small beside it (a sixteenth), so
+    discarding whole segments keeps it within its maximum; 16 MiB otherwise."""
+    if not retention.max_bytes:
+        return 16 * 2**20
+    return min(16 * 2**20, max(64 * 1024, retention.max_bytes // 16))
+
+
+def publish_time(item: Item) -> int:
+    """When ``item`` was published (Message.publish_time_unix_nano; 0 = not said)."""
+    return broker_pb2.Message.FromString(item.payload).publish_time_unix_nano
+
+
 def _parse_record(segment: int, record: bytes) -> Item:
     from sokutatsu.broker.v1 import broker_pb2  # noqa: PLC0415 - parsing read-backs only
 
@@ -108,13 +123,14 @@ class SubscriptionQueue:
         state: broker_pb2.QueueState.ValueType = SERVING,
         floor: dict[str, int] | None = None,
         away_tail: int = 0,
-        disk_limit: int = 0,
+        retention: Retention | None = None,
     ) -> None:
         self.spec = spec
-        # Most bytes this queue may hold beyond its memory budget, on disk (0 = no limit); and
-        # the messages not kept for the subscriber because of it.
-        self.disk_limit = disk_limit
-        self.dropped_over_disk_limit = 0
+        # The retention limits in force (resolved against the broker's), and what they discarded.
+        self.retention = retention or Retention()
+        self.kept = RetentionGaps()
+        # When the last stream ended, or the queue was made (monotonic): for SUBSCRIPTION_EXPIRY.
+        self.idle_since = time.monotonic()
         self.state = state
         self.away_tail = away_tail
         # Per publisher: this copy holds every matching message after this number (it may lack
@@ -142,6 +158,7 @@ class SubscriptionQueue:
         # Read back from disk, not yet sent (between `front` and what is still on disk).
         self.readback: deque[Item] = deque()
         self._reading = False
+        self._aging = False
         self._spill_retry_delay = 0.0
         self.in_flight: deque[Item] = deque()
         self.spill_buffer: list[Item] = []
@@ -185,7 +202,7 @@ class SubscriptionQueue:
         self.recovered = True
         if not self.folder.exists():
             return
-        self.log = await self._disk.call(SegmentLog, self.folder)
+        self.log = await self._disk.call(SegmentLog, self.folder, _segment_bytes(self.retention))
         self.disk_count = self.log.unread_count
         self.disk_bytes = self.log.unread_bytes
 
@@ -224,13 +241,6 @@ class SubscriptionQueue:
                 self.may_lack(oldest.publisher_id, oldest.seq)
                 self._release([oldest])
         elif self.disk_mode:
-            if self.disk_limit and self.disk_bytes + self.memory_bytes > self.spec.budget + self.disk_limit:
-                # Over its disk limit (a subscriber that stopped reading): this message is not kept
-                # for it. The next one's previous_seq still names it, so the SDK reports the gap.
-                self.memory_bytes -= item.size
-                msg.release()
-                self.dropped_over_disk_limit += 1
-                return False
             self.spill_buffer.append(item)
             self.spill_appended += 1
         elif self.memory_bytes > self.spec.budget:
@@ -247,6 +257,29 @@ class SubscriptionQueue:
         if self.attached:
             self.ready.set()
         return to_disk
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of this queue's segment files on disk."""
+        log_ = self.log
+        return log_.disk_bytes if log_ is not None else 0
+
+    def full(self) -> bool:
+        """Whether a ``refuse_publish`` queue is at its maximum bytes (segment files and what waits
+        to be written): its topic's persistent publishes are refused until it has room."""
+        limit = self.retention.max_bytes
+        if not limit or self.retention.policy != REFUSE_PUBLISH or not self.disk_mode:
+            return False
+        pending = sum(_PREV.size + HEADER_BYTES + i.size for i in self.spill_buffer)
+        return self.file_bytes + pending >= limit
+
+    def not_kept(self, publisher: str, seq: int) -> None:
+        """A non-persistent message was not kept because this ``refuse_publish`` queue is full;
+        the next one kept names it as its predecessor and carries the gap."""
+        prev = self.last_enqueued.get(publisher, seq - 1 if self.recovered else 0)
+        self.last_enqueued[publisher] = seq
+        self.kept.note(publisher, seq, prev, BYTES)
+        self.acked_dirty = True
 
     def written(self, appended: int) -> asyncio.Future[None]:
         """Completes when the first ``appended`` spilled items are on disk (fsynced)."""
@@ -285,10 +318,7 @@ class SubscriptionQueue:
             self.spilling = len(batch)
             emptied = self._emptied
             try:
-                if self.log is None:
-                    self.log = await self._disk.run_blocking(SegmentLog, self.folder)
-                records = [_PREV.pack(item.prev) + item.payload for item in batch]
-                await self._disk.run_blocking(self.log.append, records)
+                await self._write(batch)
             except (OSError, SegmentLogError) as exc:
                 # Nothing of the batch counts as written: put it back, in order, and retry.
                 self.spill_buffer = batch + self.spill_buffer
@@ -335,11 +365,119 @@ class SubscriptionQueue:
                 self._schedule_spill()
             self.ready.set()
 
+    async def _write(self, batch: list[Item]) -> None:
+        """Append ``batch`` to the log (opened on first use), after ``drop_oldest`` made room (it
+        takes what it discards out of ``batch``, so a failed append puts back only the rest)."""
+        if self.log is None:
+            self.log = await self._disk.run_blocking(SegmentLog, self.folder, _segment_bytes(self.retention))
+        if self.retention.max_bytes and self.retention.policy == DROP_OLDEST:
+            await self._make_room(self.log, batch)
+            self.spilling = len(batch)
+        records = [_PREV.pack(item.prev) + item.payload for item in batch]
+        if records:
+            await self._disk.run_blocking(self.log.append, records)
+
+    async def _make_room(self, log_: SegmentLog, batch: list[Item]) -> None:
+        """``drop_oldest`` (a disk job, before ``batch`` is written): discard the oldest messages on
+        disk until the segment files and ``batch`` fit in ``max_bytes``, then, should that not be
+        enough, the oldest of ``batch`` (taken out of it)."""
+        limit = self.retention.max_bytes
+        incoming = sum(_PREV.size + HEADER_BYTES + item.size for item in batch)
+        if log_.disk_bytes + incoming > limit and log_.unread_count:
+            emptied = self._emptied
+            records = await self._disk.run_blocking(log_.discard_oldest, limit - incoming)
+            if emptied == self._emptied:
+                for record in records:
+                    item = _parse_record(-1, record)
+                    self.disk_count -= 1
+                    self.disk_bytes -= item.size
+                    self.kept.note(item.publisher_id, item.seq, item.prev, BYTES)
+                self.acked_dirty = bool(records) or self.acked_dirty
+        dropped = 0
+        while batch[dropped:] and log_.disk_bytes + incoming > limit:
+            item = batch[dropped]
+            dropped += 1
+            incoming -= _PREV.size + HEADER_BYTES + item.size
+            self.memory_bytes -= item.size
+            self.spilled_total += 1  # never written: no longer awaited (written())
+            if item.msg is not None:
+                item.msg.release()
+                item.msg = None
+            self.kept.note(item.publisher_id, item.seq, item.prev, BYTES)
+            self.acked_dirty = True
+        del batch[:dropped]
+
+    def expire(self, now_ns: int) -> int:
+        """Discard the owed messages older than ``max_age_ms`` from the oldest on (the oldest in
+        memory here; those on disk through a disk job, one by one). Returns how many went here."""
+        max_age = self.retention.max_age_ms
+        if not max_age or self.closed:
+            return 0
+        cutoff = now_ns - max_age * 1_000_000
+        dropped = 0
+        for source in (self.front, self.readback):
+            while source and 0 < publish_time(source[0]) < cutoff:
+                dropped += self._discard_old(source.popleft())
+            if source:
+                return dropped
+        if self.disk_count:
+            if not self._aging:
+                self._aging = True
+                self._disk.submit(lambda: self._age_disk(cutoff))
+            return dropped
+        if not (self.spill_buffer or self.spilling):
+            while self.memory and 0 < publish_time(self.memory[0]) < cutoff:
+                dropped += self._discard_old(self.memory.popleft())
+        return dropped
+
+    async def _age_disk(self, cutoff: int) -> None:
+        """A disk job: discard the oldest records on disk while they are past the age (looked at
+        one by one, so a younger one is never taken off the disk)."""
+        try:
+            log_ = self.log
+            emptied = self._emptied
+            if log_ is None or self.closed or self.front or self.readback or self._reading:
+                return
+
+            def old(record: bytes) -> bool:
+                return 0 < publish_time(_parse_record(-1, record)) < cutoff
+
+            records = await self._disk.run_blocking(log_.discard_while, old, 10_000)
+            if self.closed or emptied != self._emptied:
+                return
+            for record in records:
+                item = _parse_record(-1, record)
+                self.disk_count -= 1
+                self.disk_bytes -= item.size
+                self.kept.note(item.publisher_id, item.seq, item.prev, AGE)
+            if records:
+                self.acked_dirty = True
+                self.ready.set()
+        finally:
+            self._aging = False
+
+    def _discard_old(self, item: Item) -> int:
+        self.kept.note(item.publisher_id, item.seq, item.prev, AGE)
+        self.acked_dirty = True
+        self._release([item])
+        return 1
+
+    def oldest_age_ms(self, now_ns: int) -> int:
+        """Age of the oldest message owed and not in flight, when it is in memory (0 otherwise)."""
+        for source in (self.front, self.readback):
+            if source:
+                return max(0, now_ns - publish_time(source[0])) // 1_000_000 if publish_time(source[0]) else 0
+        if self.disk_count or self.spill_buffer or self.spilling or not self.memory:
+            return 0
+        published = publish_time(self.memory[0])
+        return max(0, now_ns - published) // 1_000_000 if published else 0
+
     # ------------------------------------------------------------ delivery --
     def attach(self, position: dict[str, int], credits: int) -> int:
         """Attach a stream; return its generation (for :meth:`stop_stream`)."""
         self.generation += 1
         self.attached = True
+        self.kept.acked(position)
         self.idle.clear()
         self._detaching = False
         self.credits = credits
@@ -360,6 +498,7 @@ class SubscriptionQueue:
         self.credits = 0
         self._skip = {}
         self.idle.set()
+        self.idle_since = time.monotonic()
 
     def redirect_stream(self, redirect: broker_pb2.Redirect) -> None:
         """End the attached stream with a Redirect frame (after what it was already sent)."""
@@ -493,6 +632,14 @@ class SubscriptionQueue:
         delivered = self.delivered
         for item in items:
             delivered[item.publisher_id] = item.seq
+        gaps = self.kept
+        if gaps.gaps:
+            return batch_response(
+                [
+                    delivery_element(item.payload, item.prev, gaps.element_tail(item.publisher_id, item.prev))
+                    for item in items
+                ]
+            )
         return batch_response([delivery_element(item.payload, item.prev) for item in items])
 
     # ---------------------------------------------------------------- acks --
@@ -512,10 +659,16 @@ class SubscriptionQueue:
             if seq > acked.get(publisher, 0):
                 acked[publisher] = seq
                 self.acked_dirty = True
+        if self.kept.gaps:
+            self.kept.acked(acked)
 
     # ----------------------------------------------------------- ownership --
     def serve(self) -> None:
         """Deliver from this copy (the peer is gone, this broker was promoted, or switchover step 2)."""
+        if self.state != SERVING and not self.attached:
+            # SUBSCRIPTION_EXPIRY counts from when this broker began to serve it: a copy that was
+            # a shadow for weeks is not expired the moment its broker takes it over.
+            self.idle_since = time.monotonic()
         self.state = SERVING
         self.redirect = None
 
@@ -607,11 +760,12 @@ class SubscriptionQueue:
         lacks = self.lacks
         if lacks:
             acked = self.acked
-            for publisher in [p for p, seq in lacks.items() if seq <= acked.get(p, 0)]:
+            told = self.kept.told_through
+            for publisher in [p for p, seq in lacks.items() if seq <= max(acked.get(p, 0), told(p))]:
                 del lacks[publisher]
         return bool(lacks)
 
-    def trim(self, position: dict[str, int]) -> int:
+    def trim(self, position: dict[str, int], gaps: Sequence[broker_pb2.PublisherRetentionGap] = ()) -> int:
         """Drop what the subscriber has acknowledged at the peer (a shadow copy); return how many.
 
         Each source is trimmed from its oldest item and stops at the first one not covered
@@ -619,14 +773,19 @@ class SubscriptionQueue:
         the next watermark). Spilled items are read back by the disk thread to be trimmed.
         """
         self._raise_acked(position)
+        if gaps:
+            self.kept.merge(gaps, self.acked)
         self.acked_dirty = False
         return self._trim_heads()
 
     def _trim_heads(self) -> int:
         acked = self.acked
         dropped: list[Item] = []
+        covers = self.kept.covers
         for source in (self.front, self.readback, self.memory):
-            while source and source[0].seq <= acked.get(source[0].publisher_id, 0):
+            while source and (
+                source[0].seq <= acked.get(source[0].publisher_id, 0) or covers(source[0].publisher_id, source[0].seq)
+            ):
                 dropped.append(source.popleft())
         if dropped:
             self._release(dropped)
@@ -729,7 +888,9 @@ class SubscriptionQueue:
             if keep:
                 try:
                     if self.log is None:
-                        self.log = await self._disk.run_blocking(SegmentLog, self.folder)
+                        self.log = await self._disk.run_blocking(
+                            SegmentLog, self.folder, _segment_bytes(self.retention)
+                        )
                     await self._disk.run_blocking(self.log.append, [_PREV.pack(i.prev) + i.payload for i in keep])
                     log.info(
                         "kept %d messages of %s on %s for the restart",

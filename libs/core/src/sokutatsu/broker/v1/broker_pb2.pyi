@@ -32,6 +32,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _RetentionPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RetentionPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RetentionPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RETENTION_POLICY_UNSPECIFIED: _RetentionPolicy.ValueType  # 0
+    """The broker default: drop_oldest."""
+    RETENTION_POLICY_DROP_OLDEST: _RetentionPolicy.ValueType  # 1
+    """Discard the oldest messages on disk; the subscriber is told (RetentionGap)."""
+    RETENTION_POLICY_REFUSE_PUBLISH: _RetentionPolicy.ValueType  # 2
+    """Refuse new persistent publishes to the topic (RESOURCE_EXHAUSTED in the
+    PublishAck, naming the subscription and the limit); non-persistent ones
+    are not kept for this subscription (told as a RetentionGap).
+    """
+
+class RetentionPolicy(_RetentionPolicy, metaclass=_RetentionPolicyEnumTypeWrapper):
+    """What a full subscription queue does (see Retention)."""
+
+RETENTION_POLICY_UNSPECIFIED: RetentionPolicy.ValueType  # 0
+"""The broker default: drop_oldest."""
+RETENTION_POLICY_DROP_OLDEST: RetentionPolicy.ValueType  # 1
+"""Discard the oldest messages on disk; the subscriber is told (RetentionGap)."""
+RETENTION_POLICY_REFUSE_PUBLISH: RetentionPolicy.ValueType  # 2
+"""Refuse new persistent publishes to the topic (RESOURCE_EXHAUSTED in the
+PublishAck, naming the subscription and the limit); non-persistent ones
+are not kept for this subscription (told as a RetentionGap).
+"""
+Global___RetentionPolicy: _TypeAlias = RetentionPolicy  # noqa: Y015
+
 class _OverflowMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -164,6 +194,7 @@ class Message(_message.Message):
     PUBLISH_TIME_UNIX_NANO_FIELD_NUMBER: _builtins.int
     STAMP_FIELD_NUMBER: _builtins.int
     PREVIOUS_SEQ_FIELD_NUMBER: _builtins.int
+    RETENTION_GAP_FIELD_NUMBER: _builtins.int
     publisher_id: _builtins.str
     """Who published it and its number in that publisher's sequence (starts at 1,
     dense, increasing). (publisher_id, publisher_seq) identifies the message:
@@ -195,6 +226,13 @@ class Message(_message.Message):
     def stamp(self) -> _stamp_pb2.Stamp:
         """Set only on total-order topics: the sequencer stamp (see sequencer/v1)."""
 
+    @_builtins.property
+    def retention_gap(self) -> Global___RetentionGap:
+        """Set by the broker on delivery when messages of this publisher queued for
+        this subscription before this one were discarded by its retention
+        limits (docs/broker.md, Retention): which, and why.
+        """
+
     def __init__(
         self,
         *,
@@ -207,14 +245,84 @@ class Message(_message.Message):
         publish_time_unix_nano: _builtins.int = ...,
         stamp: _stamp_pb2.Stamp | None = ...,
         previous_seq: _builtins.int = ...,
+        retention_gap: Global___RetentionGap | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stamp", b"stamp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retention_gap", b"retention_gap", "stamp", b"stamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "headers", b"headers", "key", b"key", "persistent", b"persistent", "previous_seq", b"previous_seq", "publish_time_unix_nano", b"publish_time_unix_nano", "publisher_id", b"publisher_id", "publisher_seq", b"publisher_seq", "stamp", b"stamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "headers", b"headers", "key", b"key", "persistent", b"persistent", "previous_seq", b"previous_seq", "publish_time_unix_nano", b"publish_time_unix_nano", "publisher_id", b"publisher_id", "publisher_seq", b"publisher_seq", "retention_gap", b"retention_gap", "stamp", b"stamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Message: _TypeAlias = Message  # noqa: Y015
+
+@_typing.final
+class RetentionGap(_message.Message):
+    """Messages of one publisher a subscription's retention discarded, one after
+    the other in its queue: the range they lay in (first_seq..last_seq; with a
+    key filter not every number in it was queued) and how many were discarded
+    for each reason. The message delivered right after them carries it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    OVER_BYTES_FIELD_NUMBER: _builtins.int
+    OVER_AGE_FIELD_NUMBER: _builtins.int
+    first_seq: _builtins.int
+    last_seq: _builtins.int
+    over_bytes: _builtins.int
+    """Discarded as the oldest on disk when the queue reached its maximum bytes."""
+    over_age: _builtins.int
+    """Discarded because they were older than the maximum age."""
+    def __init__(
+        self,
+        *,
+        first_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+        over_bytes: _builtins.int = ...,
+        over_age: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq", "last_seq", b"last_seq", "over_age", b"over_age", "over_bytes", b"over_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetentionGap: _TypeAlias = RetentionGap  # noqa: Y015
+
+@_typing.final
+class Retention(_message.Message):
+    """Retention limits of one durable subscription's queue. 0 = the broker's
+    maximum (SOKUTATSU_BROKER_RETENTION_*); a value may only lower it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_AGE_MS_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    max_bytes: _builtins.int
+    """Most bytes of segment files the queue may hold on disk."""
+    max_age_ms: _builtins.int
+    """Messages older than this (by Message.publish_time_unix_nano) are
+    discarded, whatever the policy.
+    """
+    policy: Global___RetentionPolicy.ValueType
+    def __init__(
+        self,
+        *,
+        max_bytes: _builtins.int = ...,
+        max_age_ms: _builtins.int = ...,
+        policy: Global___RetentionPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_age_ms", b"max_age_ms", "max_bytes", b"max_bytes", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Retention: _TypeAlias = Retention  # noqa: Y015
 
 @_typing.final
 class Position(_message.Message):
@@ -297,6 +405,7 @@ class Subscription(_message.Message):
     DURABLE_FIELD_NUMBER: _builtins.int
     OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     """One subscription per (subscriber_id, topic)."""
     topic: _builtins.str
@@ -309,6 +418,10 @@ class Subscription(_message.Message):
     """Memory budget for this subscriber's queue, in bytes; 0 = broker default."""
     @_builtins.property
     def filter(self) -> Global___KeyFilter: ...
+    @_builtins.property
+    def retention(self) -> Global___Retention:
+        """Retention limits on disk and age (0 = the broker's maximum)."""
+
     def __init__(
         self,
         *,
@@ -318,10 +431,11 @@ class Subscription(_message.Message):
         durable: _builtins.bool = ...,
         overflow_mode: Global___OverflowMode.ValueType = ...,
         memory_budget_bytes: _builtins.int = ...,
+        retention: Global___Retention | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable", "filter", b"filter", "memory_budget_bytes", b"memory_budget_bytes", "overflow_mode", b"overflow_mode", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable", "filter", b"filter", "memory_budget_bytes", b"memory_budget_bytes", "overflow_mode", b"overflow_mode", "retention", b"retention", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1084,6 +1198,9 @@ class BrokerStats(_message.Message):
     CLIENT_LIMITS_FIELD_NUMBER: _builtins.int
     CAUGHT_UP_FIELD_NUMBER: _builtins.int
     QUEUES_BEHIND_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_EXPIRY_S_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_EXPIRED_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1128,12 +1245,23 @@ class BrokerStats(_message.Message):
     """Durable queues here that lack messages their subscriber has not yet
     acknowledged (see caught_up).
     """
+    subscription_expiry_s: _builtins.int
+    subscriptions_expired: _builtins.int
+    """Durable subscriptions deleted since start because nobody attached to them
+    for the expiry (here, or on the peer, which then told this broker).
+    """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberStats]: ...
     @_builtins.property
     def client_limits(self) -> Global___ClientLimits:
         """The limits per client in force and what they refused since start
         (docs/security.md, Limits per connection).
+        """
+
+    @_builtins.property
+    def retention(self) -> Global___Retention:
+        """The broker's retention maximums and defaults (SOKUTATSU_BROKER_RETENTION_*,
+        0 = none) and SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY_S (0 = never).
         """
 
     def __init__(
@@ -1163,10 +1291,13 @@ class BrokerStats(_message.Message):
         client_limits: Global___ClientLimits | None = ...,
         caught_up: _builtins.bool = ...,
         queues_behind: _builtins.int = ...,
+        retention: Global___Retention | None = ...,
+        subscription_expiry_s: _builtins.int = ...,
+        subscriptions_expired: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["client_limits", b"client_limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client_limits", b"client_limits", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "caught_up", b"caught_up", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "queues_behind", b"queues_behind", "rejected_total", b"rejected_total", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "caught_up", b"caught_up", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "queues_behind", b"queues_behind", "rejected_total", b"rejected_total", "retention", b"retention", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "subscription_expiry_s", b"subscription_expiry_s", "subscriptions_expired", b"subscriptions_expired", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1255,7 +1386,12 @@ class SubscriberStats(_message.Message):
     OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
-    DROPPED_OVER_DISK_LIMIT_FIELD_NUMBER: _builtins.int
+    DROPPED_RETENTION_BYTES_FIELD_NUMBER: _builtins.int
+    DROPPED_RETENTION_AGE_FIELD_NUMBER: _builtins.int
+    REFUSED_PUBLISHES_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
+    DISK_BYTES_FIELD_NUMBER: _builtins.int
+    OLDEST_AGE_MS_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     connected: _builtins.bool
@@ -1278,11 +1414,19 @@ class SubscriberStats(_message.Message):
     overflow_mode: Global___OverflowMode.ValueType
     state: Global___QueueState.ValueType
     """Whether this broker serves the subscriber (see QueueState)."""
-    dropped_over_disk_limit: _builtins.int
-    """Messages not kept for the subscriber because its queue was over
-    SOKUTATSU_BROKER_QUEUE_DISK_LIMIT (a stalled subscriber); its SDK reports
-    the gap when the next message arrives.
+    dropped_retention_bytes: _builtins.int
+    """Messages discarded by retention: over its maximum bytes on disk, and
+    older than its maximum age. Its SDK reports them as a gap naming the
+    reason (RetentionGap) when the publisher's next message arrives.
     """
+    dropped_retention_age: _builtins.int
+    refused_publishes: _builtins.int
+    """Persistent messages refused (refuse_publish) because this queue was full."""
+    disk_bytes: _builtins.int
+    """Bytes of segment files on disk, and the age of the oldest message owed
+    (0 = none, or unknown: not yet read back from disk).
+    """
+    oldest_age_ms: _builtins.int
     @_builtins.property
     def delivered(self) -> Global___Position:
         """Per publisher, the last seq sent to the subscriber."""
@@ -1290,6 +1434,10 @@ class SubscriberStats(_message.Message):
     @_builtins.property
     def acked(self) -> Global___Position:
         """Per publisher, the last seq the subscriber acknowledged."""
+
+    @_builtins.property
+    def retention(self) -> Global___Retention:
+        """The retention limits in force for this queue (resolved: 0 = none)."""
 
     def __init__(
         self,
@@ -1310,11 +1458,16 @@ class SubscriberStats(_message.Message):
         overflow_mode: Global___OverflowMode.ValueType = ...,
         state: Global___QueueState.ValueType = ...,
         acked: Global___Position | None = ...,
-        dropped_over_disk_limit: _builtins.int = ...,
+        dropped_retention_bytes: _builtins.int = ...,
+        dropped_retention_age: _builtins.int = ...,
+        refused_publishes: _builtins.int = ...,
+        retention: Global___Retention | None = ...,
+        disk_bytes: _builtins.int = ...,
+        oldest_age_ms: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "delivered", b"delivered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "delivered", b"delivered", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "dropped_over_disk_limit", b"dropped_over_disk_limit", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "disk_bytes", b"disk_bytes", "dropped_retention_age", b"dropped_retention_age", "dropped_retention_bytes", b"dropped_retention_bytes", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "oldest_age_ms", b"oldest_age_ms", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "refused_publishes", b"refused_publishes", "retention", b"retention", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1646,6 +1799,7 @@ class DeliveredWatermarks(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     HOLDINGS_INCLUDED_FIELD_NUMBER: _builtins.int
     HOLDINGS_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -1683,6 +1837,13 @@ class DeliveredWatermarks(_message.Message):
 
     @_builtins.property
     def holdings(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberHoldings]: ...
+    @_builtins.property
+    def expired(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionName]:
+        """Durable subscriptions the sender deleted because nobody attached to them
+        for SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY_S; sent with `subscriptions`.
+        The receiver deletes its copy too.
+        """
+
     def __init__(
         self,
         *,
@@ -1695,10 +1856,11 @@ class DeliveredWatermarks(_message.Message):
         session: _builtins.int = ...,
         holdings_included: _builtins.bool = ...,
         holdings: _abc.Iterable[Global___SubscriberHoldings] | None = ...,
+        expired: _abc.Iterable[Global___SubscriptionName] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1747,11 +1909,19 @@ class SubscriberWatermark(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
     ACKED_FIELD_NUMBER: _builtins.int
+    RETENTION_GAPS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
     @_builtins.property
     def acked(self) -> Global___Position:
         """For each publisher, the subscriber acknowledged every message up to this seq."""
+
+    @_builtins.property
+    def retention_gaps(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublisherRetentionGap]:
+        """The ranges of messages the sender's retention discarded that the
+        subscriber has not yet acknowledged past: the receiver discards them from
+        its copy too and tells the subscriber if it comes to serve it.
+        """
 
     def __init__(
         self,
@@ -1759,14 +1929,62 @@ class SubscriberWatermark(_message.Message):
         topic: _builtins.str = ...,
         subscriber_id: _builtins.str = ...,
         acked: Global___Position | None = ...,
+        retention_gaps: _abc.Iterable[Global___PublisherRetentionGap] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "retention_gaps", b"retention_gaps", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscriberWatermark: _TypeAlias = SubscriberWatermark  # noqa: Y015
+
+@_typing.final
+class PublisherRetentionGap(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLISHER_ID_FIELD_NUMBER: _builtins.int
+    GAP_FIELD_NUMBER: _builtins.int
+    publisher_id: _builtins.str
+    @_builtins.property
+    def gap(self) -> Global___RetentionGap: ...
+    def __init__(
+        self,
+        *,
+        publisher_id: _builtins.str = ...,
+        gap: Global___RetentionGap | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gap", b"gap"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gap", b"gap", "publisher_id", b"publisher_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublisherRetentionGap: _TypeAlias = PublisherRetentionGap  # noqa: Y015
+
+@_typing.final
+class SubscriptionName(_message.Message):
+    """A durable subscription, named."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscriber_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscriber_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriptionName: _TypeAlias = SubscriptionName  # noqa: Y015
 
 @_typing.final
 class ReplicateWatermarksResponse(_message.Message):

@@ -1,0 +1,97 @@
+"""Retention and expiry in a pair of real broker processes: what one broker's retention
+discarded is discarded on the other too, and an expired subscription goes on both."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import GapError, Publisher, Subscriber
+from tests.broker.fix_broker import Pair, stats, subscriber_stats, until
+from tests.broker.test_pair import TOPIC, switch
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _listed(address: str) -> list[str]:
+    async with aio.insecure_channel(address) as channel:
+        listed = await broker_pb2_grpc.BrokerAdminStub(channel).ListSubscriptions(
+            broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
+        )
+    return [s.subscriber_id for s in listed.subscriptions]
+
+
+async def test_a_subscriber_moved_back_after_drops_is_told_once_and_loses_nothing_else(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The standby serves a subscriber that stopped reading and discards the oldest of its queue
+    (drop_oldest). The active, whose away copy could hold everything (a large tail), discards the
+    same messages from the standby's watermarks; moved back to the active, the subscriber is told
+    of exactly those, is not sent any of them, and gets every later message once, in order."""
+    limit, total = 256 * 1024, 1000
+    pair = await pair_factory(queue_budget="32KiB", retention_max_bytes=str(limit), away_tail="16MiB")
+    subscriber = Subscriber(pair.addresses, "slow", TOPIC, durable=True, mode="migrate")
+    async with subscriber as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+    await switch(pair.active, pair.standby, "broker-b", "slow")
+    assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_AWAY
+    async with Publisher(pair.addresses, "src", ack_timeout=60) as pub:
+        for i in range(1, total + 1):
+            pub.publish_nowait(TOPIC, "K", f"{i:08d}".encode() + b"x" * 1000)
+            if i % 50 == 0:
+                await pub.flush()
+        await pub.flush()
+
+    async def same_on_both() -> bool:
+        served = await subscriber_stats(pair.standby.address, "slow")
+        away = await subscriber_stats(pair.active.address, "slow")
+        return served.dropped_retention_bytes > 0 and served.depth == away.depth
+
+    await until(same_on_both, "the active's copy to discard what the standby's retention discarded")
+    served = await subscriber_stats(pair.standby.address, "slow")
+    assert served.disk_bytes <= limit
+    dropped = served.dropped_retention_bytes
+    assert served.depth + dropped == total
+    await switch(pair.standby, pair.active, "broker-a", "slow")
+    seqs: list[int] = []
+    gaps: list[GapError] = []
+    async with Subscriber(pair.addresses, "slow", TOPIC, durable=True, mode="migrate") as sub:
+        while len(seqs) < total - dropped:
+            try:
+                message = await asyncio.wait_for(sub.__anext__(), 30)
+            except GapError as gap:
+                gaps.append(gap)
+                continue
+            seqs.append(message.publisher_seq)
+        assert sub.broker_id == "broker-a"
+    assert [(g.first_missing, g.last_missing, g.reason, g.over_bytes) for g in gaps] == [
+        (1, dropped, "retention bytes", dropped)
+    ]
+    assert seqs == list(range(dropped + 1, total + 1))
+
+
+async def test_an_expired_subscription_is_deleted_on_both_brokers(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Nobody attaches to a durable subscription: the broker that serves it expires it and the
+    peer, whose copy is a shadow (never attached there either way), deletes it when told."""
+    pair = await pair_factory(subscription_expiry="2s")
+    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True).subscription
+    for address in pair.addresses:
+        async with aio.insecure_channel(address) as channel:
+            await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+                broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10
+            )
+    assert await _listed(pair.standby.address) == ["idle"]
+
+    async def gone_on_both() -> bool:
+        return not await _listed(pair.active.address) and not await _listed(pair.standby.address)
+
+    await until(gone_on_both, "the subscription to expire on both brokers", limit=60)
+    assert (await stats(pair.active.address)).subscriptions_expired == 1
+    assert (await stats(pair.standby.address)).subscriptions_expired == 1
+    assert "the peer expired it" in pair.standby.log()
