@@ -177,7 +177,7 @@ async def test_an_unknown_overflow_mode_is_refused_naming_the_allowed_values(bro
 
 async def test_a_peer_frame_with_an_unknown_role_is_refused(broker: BrokerProcess) -> None:
     """A DeliveredWatermarks frame's role is ACTIVE or STANDBY; 99 is not read as either."""
-    async with aio.insecure_channel(broker.address) as channel:
+    async with open_channel(broker.address, cluster=True) as channel:
         control = broker_pb2_grpc.BrokerControlStub(channel)
         frame = broker_pb2.DeliveredWatermarks(broker_id="broker-x", epoch=1, session=1)
         frame.role = 99  # type: ignore[assignment]

@@ -23,6 +23,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.v1.queuedb_pb2 import (
@@ -89,7 +90,7 @@ def node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Node]:
 
 @pytest.fixture
 async def channel(node: Node) -> AsyncIterator[aio.Channel]:
-    async with aio.insecure_channel(node.proc.address) as channel:
+    async with open_channel(node.proc.address, cluster=True) as channel:
         yield channel
 
 
@@ -175,7 +176,7 @@ async def test_without_peers_no_queue_forwards(node_database: NodeDatabase, tmp_
     env = {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": node_database()}
     proc = start_service("sokutatsu.queuedb", env, tmp_path)
     try:
-        async with aio.insecure_channel(proc.address) as channel:
+        async with open_channel(proc.address, cluster=True) as channel:
             queues: QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
             rule = TransferRule(to_node="node2", immediate=True)
             request = CreateQueueRequest(queue=Queue(name="q", transfer=rule))

@@ -814,7 +814,7 @@ OVERSIZE: dict[str, tuple[str, str, Callable[[grpc.Channel], None], grpc.StatusC
     "subscriber id": ("broker", "subscriber id", _big_subscriber, grpc.StatusCode.INVALID_ARGUMENT),
     "publisher id": ("broker", "publisher id", _big_publisher, grpc.StatusCode.INVALID_ARGUMENT),
     "key": ("broker", "key", _big_key, grpc.StatusCode.INVALID_ARGUMENT),
-    "queue name": ("queuedb", "queue name", _big_queue, grpc.StatusCode.INVALID_ARGUMENT),
+    "queue name": ("queuedb", "Queue.name", _big_queue, grpc.StatusCode.INVALID_ARGUMENT),
     # A sequencer of another domain, a monitor that knows no such subscriber: their documented codes.
     "sequencer domain": ("sequencer", "domain", _big_domain, grpc.StatusCode.NOT_FOUND),
     "monitor subscriber": ("monitor", "subscriber", _big_monitored_subscriber, grpc.StatusCode.NOT_FOUND),

@@ -28,6 +28,7 @@ from sokutatsu.core.embedded_pg import (
     PostgresSettings,
     database_dsn,
     default_data_dir,
+    dsn_without_password,
     error_line,
     find_bindir,
     redact_dsn,
@@ -91,7 +92,7 @@ def psql_invocation(database: str, args: list[str]) -> tuple[list[str], dict[str
         password = conninfo_to_dict(dsn).get("password")
         if password:
             env["PGPASSWORD"] = str(password)
-        dsn = redact_dsn(dsn)
+        dsn = dsn_without_password(dsn)
     else:
         state_dir = load(LauncherSettings).state_dir
         dsn = running_cluster_dsn(pg.data or default_data_dir(state_dir), database)
