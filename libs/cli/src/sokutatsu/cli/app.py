@@ -136,7 +136,7 @@ def _up_locked(state_dir: Path, pg: PostgresSettings, options: _Options, signals
         try:
             if pg.dsn:
                 console.print("PostgreSQL: the server of SOKUTATSU_PG_DSN")
-            specs = suite()
+            specs = suite(auto_ports=options.ports is Ports.auto)
             # Before the event loop: blocking, and interruptible like the PostgreSQL start.
             prepare_databases(dsn, specs)
         finally:

@@ -104,6 +104,7 @@ class Sequencer:
         self._filler_key = f"_sokutatsu.filler.{self.domain}"
         self._stamped_distribution = 0  # the distribution id of the last number handed out
         self._saved_id = 0  # leader: the id its journal held at start (announced or not)
+        self.stamp_refused = False  # a stamp was asked for before any distribution was installed
         self._closed = False
 
     # ------------------------------------------------------------- lifecycle --
@@ -159,6 +160,7 @@ class Sequencer:
             )
         distribution = self.distribution
         if distribution is None:
+            self.stamp_refused = True
             raise Unavailable(f"domain {self.domain}: no distribution installed yet; the leader installs one")
         handed = HandedRange(self.last_seq + 1, count, distribution.id, self.epoch)
         self._stamped_distribution = distribution.id
@@ -269,6 +271,7 @@ class Sequencer:
             outstanding_ranges=len(self.owned),
             filled_ranges=self.filled_ranges,
             distribution_start_seq=self._window.own_start,
+            stamp_refused=self.stamp_refused,
         )
         if self.distribution_message is not None:
             status.distribution.CopyFrom(self.distribution_message)
@@ -297,6 +300,9 @@ class Sequencer:
             # The first distribution (of the group, or of this run: see start()): equal weights,
             # so stamping can begin at once.
             highest = await self._highest_distribution_id()
+            if highest == 0 and self.settings.first_distribution == "on-demand":
+                await self._wait_for_demand()
+                highest = await self._highest_distribution_id()
             await self._announce(Distribution(highest + 1, equal_weights(domains)))
         started = time.monotonic()
         while not self._closed:
@@ -310,6 +316,15 @@ class Sequencer:
             highest = max(current, await self._highest_distribution_id())
             weights = weights_from_counts(counts, self.settings.min_weight_ppm)
             await self._announce(Distribution(highest + 1, weights, total_rate))
+
+    async def _wait_for_demand(self) -> None:
+        """Until a sequencer of the group (this one included) was asked for numbers."""
+        log.info("leader: the first distribution is published once a sequencer of the group is asked for numbers")
+        while not self._closed:
+            stop_if_cancelled()
+            if self.stamp_refused or any(s.stamp_refused for s in (await self._peer_statuses()).values()):
+                return
+            await asyncio.sleep(self.settings.share_check_ms / 1000)
 
     async def _highest_distribution_id(self) -> int:
         highest = max(self._saved_id, self.distribution.id if self.distribution else 0)
