@@ -143,7 +143,7 @@ def _up_locked(state_dir: Path, pg: PostgresSettings, options: _Options, signals
     with state_lock(state_dir), provide_postgres(state_dir, pg) as dsn:
         try:
             console.print(connect_hint(dsn, external=bool(pg.dsn)), markup=False)
-            specs = suite()
+            specs = suite(auto_ports=options.ports is Ports.auto)
             # Before the event loop: blocking, and interruptible like the PostgreSQL start.
             prepare_databases(dsn, specs)
         finally:

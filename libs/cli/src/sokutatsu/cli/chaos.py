@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sokutatsu.cli import chaos_sequencers
 from sokutatsu.cli.bench_common import machine, settle_collector
 from sokutatsu.cli.chaos_report import COLUMNS, html_report, row, write_json
 from sokutatsu.cli.chaos_run import ChaosConfig, peer_link_supported, random_seeds, run_many
@@ -40,6 +41,34 @@ def summary_table(schedules: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _sequencer_chaos(  # noqa: PLR0917 - the command's options, passed on
+    stamp: str, seeds: list[int], faults: int, longest: float, rate: float, out: Path, work: Path | None
+) -> None:
+    folder = (work or Path(".sokutatsu") / "chaos" / stamp).resolve()
+    console.print(
+        f"sokutatsu chaos --sequencers: seeds {seeds}, {faults} faults each (1-{longest:g} s), "
+        f"{rate:g} msgs/s per publisher; logs under {folder}"
+    )
+    settle_collector()
+    started = time.monotonic()
+    results = chaos_sequencers.run_many(seeds, faults, longest, rate, folder, console.print)
+    figures = chaos_sequencers.summary(results)
+    report: dict[str, Any] = {
+        "started": stamp,
+        "machine": machine(),
+        "parameters": {"seeds": seeds, "faults": faults, "longest_s": longest, "rate_per_publisher": rate},
+        "wall_s": round(time.monotonic() - started, 1),
+        "summary": figures,
+        "schedules": results,
+    }
+    path = out / f"chaos-sequencers-{stamp}.json"
+    write_json(path, report)
+    for key, value in figures.items():
+        console.print(f"  {key}: {value}", markup=False)
+    console.print(f"report: {path}")
+    raise typer.Exit(1 if figures["failed"] else 0)
+
+
 def chaos(  # noqa: PLR0917 - typer commands take one parameter per option
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="How many schedules (seeds) to run.")] = 3,
     minutes: Annotated[
@@ -61,12 +90,27 @@ def chaos(  # noqa: PLR0917 - typer commands take one parameter per option
             "--work", help="Folder for each schedule's logs and histories [default: .sokutatsu/chaos/<time>]."
         ),
     ] = None,
+    sequencers: Annotated[
+        bool,
+        typer.Option(
+            "--sequencers",
+            help="Fault a sequencer group instead of the broker pair: kills and pauses of the leader and "
+            "non-leaders (docs/chaos.md, 'Sequencer faults').",
+        ),
+    ] = False,
+    faults: Annotated[int, typer.Option("--faults", min=1, help="--sequencers: faults per schedule.")] = 2,
+    longest: Annotated[
+        float, typer.Option("--longest", min=1.0, help="--sequencers: longest outage or pause, in seconds.")
+    ] = 30.0,
 ) -> None:
     """Run fault schedules (kill -9, pauses, link cuts, floods, migrations) against real processes and
     check the pair's promise: nothing acknowledged lost or doubled, per-publisher order, one active.
-    Exit status 1 when any schedule broke a promise."""
+    With --sequencers: kills and pauses of a sequencer group, checking one identical order at every
+    ordered subscriber and the stall after each restart. Exit status 1 when any schedule broke a promise."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
     chosen = list(seed) if seed else random_seeds(seeds, first_seed)
+    if sequencers:
+        _sequencer_chaos(stamp, chosen, faults, longest, rate, out, work)
     cfg = ChaosConfig(seconds=minutes * 60.0, rate=rate)
     folder = (work or Path(".sokutatsu") / "chaos" / stamp).resolve()
     console.print(

@@ -3,9 +3,9 @@
 The same processes as ``sokutatsu up`` (:func:`sokutatsu.cli.topology.suite`), with what the
 scenario adds to their settings:
 
-* the two sequencers form one total-order group on the broker pair (seq-a leads, each names
-  the other as its peer), and start last: the group's members subscribe before the first
-  distribution is published (docs/sequencer.md);
+* the two sequencers (one total-order group on the broker pair, as the launcher wires them)
+  order the topic "orders" and start after the rest: the demo's members subscribe before the
+  first distribution is published (docs/sequencer.md);
 * the monitor moves a subscriber back a few seconds after it recovered instead of the
   production defaults' 5 s dwell and 10 s between moves, so the demo shows both moves;
 * queue-db uses databases of its own (``sokutatsu_demo_node1``/``2``, made afresh each run);
@@ -13,8 +13,7 @@ scenario adds to their settings:
   (``SOKUTATSU_TRANSFER_CRASH_AT``, docs/queue-db.md), and :meth:`DemoSuite.restart` starts
   it again without that setting.
 
-With ``--ports auto`` every process gets a free port chosen before the start (the sequencers
-name each other by address, and a peer that starts later cannot be linked by the launcher).
+With ``--ports auto`` every process gets a free port chosen before the start.
 """
 
 from __future__ import annotations
@@ -68,18 +67,10 @@ def demo_topology(auto_ports: bool) -> DemoTopology:
     specs = {s.name: s for s in suite()}
     if auto_ports:
         specs = {name: replace(s, fixed_port=free_port()) for name, s in specs.items()}
-    seq = {name: f"127.0.0.1:{specs[name].fixed_port}" for name in ("seq-a", "seq-b")}
-    brokers = {"SOKUTATSU_SEQUENCER_BROKERS": "{broker-a},{broker-b}"}
 
-    def sequencer(name: str, peer: str, leader: bool) -> ServiceProcess:
+    def sequencer(name: str) -> ServiceProcess:
         spec = specs[name]
-        env = {
-            **spec.env,
-            **SEQUENCER_SETTINGS,
-            "SOKUTATSU_SEQUENCER_LEADER": "true" if leader else "false",
-            "SOKUTATSU_SEQUENCER_PEERS": f"{specs[peer].env['SOKUTATSU_SEQUENCER_DOMAIN']}={seq[peer]}",
-        }
-        return replace(spec, env=env, links={**spec.links, **brokers})
+        return replace(spec, env={**spec.env, **SEQUENCER_SETTINGS})
 
     def node(spec: ServiceProcess) -> ServiceProcess:
         return replace(spec, database=NODE_DATABASES.get(spec.database or "", spec.database))
@@ -94,7 +85,7 @@ def demo_topology(auto_ports: bool) -> DemoTopology:
     transfer = node(specs["transfer-1"])
     first.append(replace(transfer, env={**transfer.env, "SOKUTATSU_TRANSFER_CRASH_AT": TRANSFER_CRASH}))
     # The leader last: its peer answers at once when it installs the first distribution.
-    ordering = [sequencer("seq-b", "seq-a", leader=False), sequencer("seq-a", "seq-b", leader=True)]
+    ordering = [sequencer("seq-b"), sequencer("seq-a")]
     known = {s.name for s in first + ordering}
     missing = set(specs) - known
     if missing:  # a process added to the topology must be placed here too

@@ -184,6 +184,8 @@ class Suite:
         self.fixed_ports = fixed_ports
         self.grace_seconds = grace_seconds
         self.running: list[Running] = []
+        # The pinned processes' addresses, known before they start (ServiceProcess.pinned).
+        self.pinned: dict[str, str] = {}
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (state_dir / "run").mkdir(parents=True, exist_ok=True)
 
@@ -198,19 +200,24 @@ class Suite:
         env["SOKUTATSU_GRACE_SECONDS"] = str(self.grace_seconds)
         env["SOKUTATSU_PARENT_PID"] = str(os.getpid())
         env[spec.prefix + "INSTANCE"] = spec.name
-        port = spec.fixed_port if self.fixed_ports else 0
+        port = spec.fixed_port if self.fixed_ports or spec.pinned else 0
         env[spec.prefix + "LISTEN"] = f"127.0.0.1:{port}"
         if spec.keeps_state:
             env[spec.prefix + "STATE_DIR"] = str(self.state_dir / spec.name)
         if spec.database:
             env[spec.prefix + "DSN"] = database_dsn(self.pg_dsn, spec.database)
-        env.update(spec.linked_env({r.spec.name: r.address for r in self.running if r.address}))
+        env.update(spec.linked_env({**self.pinned, **{r.spec.name: r.address for r in self.running if r.address}}))
         return env
+
+    def pin(self, specs: list[ServiceProcess]) -> None:
+        """Know the pinned processes' addresses before they start."""
+        self.pinned.update({s.name: f"127.0.0.1:{s.fixed_port}" for s in specs if s.pinned})
 
     def spawn(self, spec: ServiceProcess) -> Running:
         announce = self.state_dir / "run" / f"{spec.name}.json"
         announce.unlink(missing_ok=True)
         log_path = self.state_dir / "logs" / f"{spec.name}.log"
+        self.pin([spec])
         env = self._env(spec, announce)
         log = log_path.open("ab")
         try:
@@ -255,6 +262,7 @@ class Suite:
     async def start(
         self, specs: list[ServiceProcess], stop: asyncio.Event, progress: Callable[[Running], None]
     ) -> None:
+        self.pin(specs)
         for spec in specs:
             if stop.is_set():
                 raise Interrupted

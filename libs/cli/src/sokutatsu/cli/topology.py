@@ -1,11 +1,19 @@
-"""The suite's processes as the launcher runs them (the same topology as docker-compose.yml)."""
+"""The suite's processes as the launcher runs them (the same topology as docker-compose.yml).
+
+The two sequencers form one total-order group on the broker pair (docs/sequencer.md): seq-a
+(domain a) is the leader, each names the other as its peer, both publish on the brokers, and
+they start after the brokers, the leader last (its peer answers its first install at once).
+seq-b names the leader, which starts after it: seq-a's port is chosen before anything starts
+(``pinned``), also with ``--ports auto``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.monitor.v1 import monitor_pb2
 from sokutatsu.queuedb.v1 import queuedb_pb2
 from sokutatsu.sequencer.v1 import sequencer_pb2
@@ -31,10 +39,15 @@ class ServiceProcess:
     # Variables naming other processes' addresses: "{broker-a}" becomes broker-a's host:port
     # (those processes start earlier), so the suite also runs on ports chosen at start.
     links: dict[str, str] = field(default_factory=dict)
+    # As ``links``, but naming a process that may start later: it must be ``pinned``.
+    peer_links: dict[str, str] = field(default_factory=dict)
+    # Its port is chosen before any process starts (``fixed_port``, also with --ports auto), so
+    # a process that starts earlier can name it in ``peer_links``.
+    pinned: bool = False
 
     def linked_env(self, addresses: dict[str, str]) -> dict[str, str]:
         env = {}
-        for name, template in self.links.items():
+        for name, template in {**self.links, **self.peer_links}.items():
             value = template
             for other, address in addresses.items():
                 value = value.replace("{" + other + "}", address)
@@ -49,32 +62,15 @@ def _served(proto_module: Any) -> tuple[str, ...]:
     return tuple(s.full_name for s in proto_module.DESCRIPTOR.services_by_name.values())
 
 
-def suite() -> list[ServiceProcess]:
-    """Every process of the suite, in start order (stopped in reverse)."""
+def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
+    """Every process of the suite, in start order (stopped in reverse).
+
+    ``auto_ports``: the pinned processes get a free port now (the others get one at their start)."""
     sequencer = _served(sequencer_pb2)
     broker = _served(broker_pb2)
     queuedb = _served(queuedb_pb2)
-    return [
-        ServiceProcess(
-            "seq-a",
-            "sokutatsu.sequencer",
-            "SOKUTATSU_SEQUENCER_",
-            7101,
-            "sequencer, domain a",
-            sequencer,
-            env={"SOKUTATSU_SEQUENCER_DOMAIN": "a"},
-            keeps_state=True,
-        ),
-        ServiceProcess(
-            "seq-b",
-            "sokutatsu.sequencer",
-            "SOKUTATSU_SEQUENCER_",
-            7102,
-            "sequencer, domain b",
-            sequencer,
-            env={"SOKUTATSU_SEQUENCER_DOMAIN": "b"},
-            keeps_state=True,
-        ),
+    pair = {"SOKUTATSU_SEQUENCER_BROKERS": "{broker-a},{broker-b}"}
+    processes = [
         ServiceProcess(
             "broker-a",
             "sokutatsu.broker",
@@ -137,4 +133,36 @@ def suite() -> list[ServiceProcess]:
             env={"SOKUTATSU_TRANSFER_NODE": "queuedb-1"},
             links={"SOKUTATSU_TRANSFER_PEERS": "queuedb-2={queuedb-2}"},
         ),
+        ServiceProcess(
+            "seq-b",
+            "sokutatsu.sequencer",
+            "SOKUTATSU_SEQUENCER_",
+            7102,
+            "sequencer, domain b",
+            sequencer,
+            env={"SOKUTATSU_SEQUENCER_DOMAIN": "b"},
+            keeps_state=True,
+            links=pair,
+            peer_links={"SOKUTATSU_SEQUENCER_PEERS": "a={seq-a}"},
+        ),
+        ServiceProcess(
+            "seq-a",
+            "sokutatsu.sequencer",
+            "SOKUTATSU_SEQUENCER_",
+            7101,
+            "sequencer, domain a (leader)",
+            sequencer,
+            env={
+                "SOKUTATSU_SEQUENCER_DOMAIN": "a",
+                "SOKUTATSU_SEQUENCER_LEADER": "true",
+                # Subscribers attached before the first publish receive everything.
+                "SOKUTATSU_SEQUENCER_FIRST_DISTRIBUTION": "on-demand",
+            },
+            keeps_state=True,
+            links={**pair, "SOKUTATSU_SEQUENCER_PEERS": "b={seq-b}"},
+            pinned=True,
+        ),
     ]
+    if auto_ports:
+        processes = [replace(p, fixed_port=free_port()) if p.pinned else p for p in processes]
+    return processes

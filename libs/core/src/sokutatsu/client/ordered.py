@@ -2,9 +2,12 @@
 
 ``OrderedPublisher`` stamps batches via its domain's sequencer (one request per batch)
 and publishes the stamped messages to a total-order topic on the broker pair; once the
-brokers acknowledged a range it tells the sequencer, so the sequencer knows which
-numbers will never need filling. On a new sequencer stream it claims the ranges it
-holds, so a restarted sequencer does not fill numbers this publisher sends.
+brokers acknowledged a range it tells the sequencer ("published"), so the sequencer
+knows which numbers will never need filling. On a new sequencer stream it reports again
+every recent range the brokers acknowledged (a report lost with a broken stream is not
+lost for good) and claims the ones still being published, so a restarted sequencer does
+not fill numbers this publisher sends. ``close`` ends the stream only after its last
+report is written, by half-closing it.
 
 ``OrderedSubscriber`` reads every message of the topic and hands them to the
 application in the total order of :class:`~sokutatsu.ordering.OrderedMerge`: every
@@ -97,7 +100,9 @@ class OrderedPublisher:
         self._queue: deque[_Waiting] = deque()
         self._wake = asyncio.Event()
         self._recent: deque[sequencer_pb2.SequenceRange] = deque(maxlen=_RECENT_RANGES)
+        self._published: set[int] = set()  # first_seq of the ranges in _recent the brokers acknowledged
         self._unreported: list[int] = []
+        self._stopping = asyncio.Event()  # set by close(): ends a back-off sleep at once
         self._acks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._failure: Exception | None = None
@@ -127,8 +132,11 @@ class OrderedPublisher:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.flush(), self.publisher.ack_timeout)
         self._closed = True
+        self._stopping.set()
         self._wake.set()
         if self._task is not None:
+            # The stamping task writes its last report and half-closes the stream (see _session).
+            await asyncio.wait({self._task}, timeout=self.stamp_timeout)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._stamps is not None:
@@ -188,20 +196,34 @@ class OrderedPublisher:
                 # The broker publisher failed for good (closed, or refused the topic).
                 self._fail(error)
                 return
-            await asyncio.sleep(backoff.next_delay())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff.next_delay())
 
     async def _session(self, call: _StampCall, backoff: Backoff) -> None:
-        if self._recent or self._unreported:
-            # Claim what this publisher holds, so a restarted sequencer does not fill it.
+        if self._recent:
+            # Report again what the brokers acknowledged (an earlier report may have been lost with
+            # the stream it was written to; settling twice is harmless) and claim what is still
+            # being published, so a restarted sequencer fills neither.
+            self._unreported = []
             await write_frame(
                 call,
                 sequencer_pb2.StampRequest(
                     client_id=self.client_id,
                     domain=self.domain,
-                    claims=list(self._recent),
-                    published=self._take_unreported(),
+                    claims=[r for r in self._recent if r.first_seq not in self._published],
+                    published=[r.first_seq for r in self._recent if r.first_seq in self._published],
                 ),
             )
+        await self._stamp_until_closed(call, backoff)
+        # Closing: the last report, then a half-close, so the sequencer reads every frame before the
+        # stream ends (cancelling the call could drop what was just written).
+        if self._unreported:
+            await write_frame(call, sequencer_pb2.StampRequest(client_id=self.client_id, published=self._unreported))
+            self._unreported = []
+        await call.done_writing()
+        await call.code()
+
+    async def _stamp_until_closed(self, call: _StampCall, backoff: Backoff) -> None:
         while not self._closed:
             if not self._queue:
                 if self._unreported:
@@ -249,6 +271,8 @@ class OrderedPublisher:
             self._publish_range(response.range, batch)
 
     def _publish_range(self, stamped: sequencer_pb2.SequenceRange, batch: list[_Waiting]) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            self._published.discard(self._recent[0].first_seq)
         self._recent.append(stamped)
         self.ranges += 1
         # The range's fields once; per message only its seq is appended (a field may come in any order).
@@ -288,6 +312,7 @@ class OrderedPublisher:
                         slots=1,
                     )
                 )
+        self._published.add(stamped.first_seq)
         self._unreported.append(stamped.first_seq)
         self._wake.set()
 

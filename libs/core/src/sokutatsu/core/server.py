@@ -5,7 +5,11 @@
 and tracing, serves until SIGTERM or SIGINT, then stops gracefully:
 
 1. health turns NOT_SERVING, so load balancers and the launcher stop routing;
-2. ``server.stop(grace)`` lets in-flight RPCs finish for up to the grace period;
+   ``ServiceContext.stopping`` is set and the background tasks started with
+   ``stop_first`` (streams to other services) are cancelled and awaited, so a peer
+   that stops at the same time is not left waiting on them;
+2. ``server.stop(grace)`` lets in-flight RPCs finish for up to the grace period
+   (long-lived streams a service serves should end when ``stopping`` is set);
 3. background tasks (owned by one task group) are cancelled and awaited;
 4. resources registered on the exit stack (pools, files) are closed;
 5. traces are flushed.
@@ -150,14 +154,34 @@ class ServiceContext:
     address: str = ""
     # Calls refused by auth so far (always 0 with auth off), for the service's stats.
     auth_refusals: Callable[[], int] = lambda: 0
+    # Set when the service begins to stop, before the server stops taking calls.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _first: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def start_background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``coro`` until shutdown. If it fails, the service stops with its error."""
+    def start_background(
+        self, coro: Coroutine[Any, Any, None], name: str, *, stop_first: bool = False
+    ) -> asyncio.Task[None]:
+        """Run ``coro`` until shutdown. If it fails, the service stops with its error.
+
+        ``stop_first``: cancel it when the service begins to stop, before the server's grace
+        period (a stream to a peer the peer would otherwise wait for while it stops too)."""
         task = self._group.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if stop_first:
+            self._first.add(task)
+            task.add_done_callback(self._first.discard)
         return task
+
+    async def begin_stop(self) -> None:
+        """Set ``stopping``; cancel the ``stop_first`` tasks and wait for them."""
+        self.stopping.set()
+        first = list(self._first)
+        for task in first:
+            task.cancel()
+        if first:
+            await asyncio.wait(first)
 
     def cancel_background(self) -> None:
         for task in list(self._tasks):
@@ -279,6 +303,7 @@ async def serve(
             # Also when a background task failed: stop serving before the task group unwinds.
             watchdog = watch_stop(f"{service} {settings.instance}", runtime.grace_seconds + STOP_OVERRUN_SECONDS)
             await health.enter_graceful_shutdown()
+            await context.begin_stop()
             await server.stop(runtime.grace_seconds)
             context.cancel_background()
     watchdog.cancel()

@@ -158,11 +158,33 @@ async def _frames(
         marks = broker.watermarks()
 
 
-async def receive_watermarks(broker: Broker, frames: AsyncIterator[broker_pb2.DeliveredWatermarks]) -> None:
-    async for frame in frames:
-        check_role(frame.role, "DeliveredWatermarks.role")
-        broker.apply_watermarks(frame)
-        if frame.subscriptions:
-            await broker.adopt_subscriptions(frame.subscriptions)
-        if frame.expired:
-            await broker.apply_expired(frame.expired)
+async def receive_watermarks(
+    broker: Broker, frames: AsyncIterator[broker_pb2.DeliveredWatermarks], stopping: asyncio.Event
+) -> None:
+    """Apply the peer's frames until its stream ends or this broker begins to stop.
+
+    Ending at ``stopping`` (before the server's grace period) matters when both brokers stop
+    together: each would otherwise hold its server open for the other's stream for the whole
+    grace period, then log the stream's cancellation as an error."""
+
+    async def apply() -> None:
+        async for frame in frames:
+            check_role(frame.role, "DeliveredWatermarks.role")
+            broker.apply_watermarks(frame)
+            if frame.subscriptions:
+                await broker.adopt_subscriptions(frame.subscriptions)
+            if frame.expired:
+                await broker.apply_expired(frame.expired)
+
+    if stopping.is_set():
+        return
+    applying = asyncio.ensure_future(apply())
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        done, _ = await asyncio.wait({applying, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if applying in done:
+            applying.result()  # the stream's own error, if it failed
+    finally:
+        for task in (applying, stopped):
+            task.cancel()
+        await asyncio.gather(applying, stopped, return_exceptions=True)

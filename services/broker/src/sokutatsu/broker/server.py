@@ -49,7 +49,10 @@ def build(settings: BrokerSettings) -> Register:
                 await broker.tick_retention()
 
         context.start_background(rates(), "broker-rates")
-        context.start_background(stream_watermarks(broker, lambda: context.address), "broker-watermarks")
+        # Ended before the server's grace period: a peer stopping at the same time would wait for it.
+        context.start_background(
+            stream_watermarks(broker, lambda: context.address), "broker-watermarks", stop_first=True
+        )
         context.start_background(watch_peer(broker), "broker-peer-watch")
         server.add_generic_rpc_handlers((DataPlane(broker, limits).handler(),))
         context.untraced |= {
@@ -59,7 +62,7 @@ def build(settings: BrokerSettings) -> Register:
             "/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks",
         }
         broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker, limits), server)
-        broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker), server)
+        broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker, context.stopping), server)
         return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 
     return register

@@ -361,8 +361,10 @@ def _topic_proto(spec: TopicSpec) -> broker_pb2.Topic:
 class Control(broker_pb2_grpc.BrokerControlServicer):
     """``BrokerControl``: roles, the four switchover steps, and the peer's watermark stream."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, stopping: asyncio.Event | None = None) -> None:
         self.broker = broker
+        # Set when this broker begins to stop: the peer's watermark stream then ends at once.
+        self.stopping = stopping or asyncio.Event()
 
     async def _role(self) -> broker_pb2.RoleInfo:
         b = self.broker
@@ -427,7 +429,7 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     async def ReplicateWatermarks(
         self, request_iterator: AsyncIterator[broker_pb2.DeliveredWatermarks], context: aio.ServicerContext[Any, Any]
     ) -> broker_pb2.ReplicateWatermarksResponse:
-        await receive_watermarks(self.broker, request_iterator)
+        await receive_watermarks(self.broker, request_iterator, self.stopping)
         return broker_pb2.ReplicateWatermarksResponse()
 
 

@@ -43,7 +43,7 @@ from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_
 from sokutatsu.ordering.wire import distribution_from_message as to_distribution
 from sokutatsu.ordering.wire import distribution_message as to_message
 from sokutatsu.sequencer.journal import HandedRange, Journal
-from sokutatsu.sequencer.settings import SequencerSettings
+from sokutatsu.sequencer.settings import Peer, SequencerSettings
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
 
 log = logging.getLogger("sokutatsu.sequencer")
@@ -63,6 +63,8 @@ class _Owned:
     handed: HandedRange
     client: str = ""
     orphaned_at: float | None = None
+    # Who held it last (empty: it was handed out before this sequencer restarted), for the fill's log.
+    last_client: str = ""
 
 
 @dataclass
@@ -101,6 +103,8 @@ class Sequencer:
         self._rate_mark = (time.monotonic(), 0)
         self._filler_key = f"_sokutatsu.filler.{self.domain}"
         self._stamped_distribution = 0  # the distribution id of the last number handed out
+        self._saved_id = 0  # leader: the id its journal held at start (announced or not)
+        self.stamp_refused = False  # a stamp was asked for before any distribution was installed
         self._closed = False
 
     # ------------------------------------------------------------- lifecycle --
@@ -115,7 +119,12 @@ class Sequencer:
         saved = self.journal.load_distribution()
         if saved is not None:
             message = sequencer_pb2.Distribution.FromString(saved)
-            self._set_distribution(message)
+            if self.settings.leader:
+                # The leader persists an id before publishing it: the saved one may never have
+                # been published. It stamps nothing until it announced a newer one (run_leader).
+                self._saved_id = message.id
+            else:
+                self._set_distribution(message)
         if self.settings.brokers:
             self._publisher = Publisher(
                 list(self.settings.brokers), f"sequencer-{self.domain}-e{self.epoch}-{os.getpid()}"
@@ -151,12 +160,13 @@ class Sequencer:
             )
         distribution = self.distribution
         if distribution is None:
+            self.stamp_refused = True
             raise Unavailable(f"domain {self.domain}: no distribution installed yet; the leader installs one")
         handed = HandedRange(self.last_seq + 1, count, distribution.id, self.epoch)
         self._stamped_distribution = distribution.id
         self.journal.handed(handed)
         self.last_seq = handed.last
-        self.owned[handed.first] = _Owned(handed, client)
+        self.owned[handed.first] = _Owned(handed, client, last_client=client)
         return sequencer_pb2.SequenceRange(
             distribution_id=handed.distribution_id,
             domain=self.domain,
@@ -175,7 +185,7 @@ class Sequencer:
         for claimed in ranges:
             owned = self.owned.get(claimed.first_seq)
             if owned is not None and owned.handed.count == claimed.count:
-                owned.client, owned.orphaned_at = client, None
+                owned.client, owned.orphaned_at, owned.last_client = client, None, client
 
     def stream_ended(self, client: str) -> None:
         """The client's stream ended: what it held and did not report published may never come
@@ -261,6 +271,7 @@ class Sequencer:
             outstanding_ranges=len(self.owned),
             filled_ranges=self.filled_ranges,
             distribution_start_seq=self._window.own_start,
+            stamp_refused=self.stamp_refused,
         )
         if self.distribution_message is not None:
             status.distribution.CopyFrom(self.distribution_message)
@@ -269,7 +280,16 @@ class Sequencer:
     def _stub(self, address: str) -> sequencer_pb2_grpc.SequencerAsyncStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, cluster=True)
+            # gRPC's reconnect back-off grows to 120 s by default: a peer back after a long outage
+            # would stay unreachable for that long (no install, no count). Capped well within one
+            # distribution interval, so the leader's next install after the peer serves gets through.
+            backoff_ms = max(50, min(1000, self.settings.distribution_interval_ms // 4))
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+                ("grpc.min_reconnect_backoff_ms", backoff_ms),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
+            ]
+            channel = self._channels[address] = open_channel(address, cluster=True, options=options)
         return sequencer_pb2_grpc.SequencerStub(channel)
 
     async def run_leader(self) -> None:
@@ -277,8 +297,12 @@ class Sequencer:
         interval = self.settings.distribution_interval_ms / 1000
         domains = sorted({self.domain, *(peer.domain for peer in self.settings.peers)})
         if self.distribution is None:
-            # The first distribution: equal weights, so stamping can begin at once.
+            # The first distribution (of the group, or of this run: see start()): equal weights,
+            # so stamping can begin at once.
             highest = await self._highest_distribution_id()
+            if highest == 0 and self.settings.first_distribution == "on-demand":
+                await self._wait_for_demand()
+                highest = await self._highest_distribution_id()
             await self._announce(Distribution(highest + 1, equal_weights(domains)))
         started = time.monotonic()
         while not self._closed:
@@ -293,8 +317,17 @@ class Sequencer:
             weights = weights_from_counts(counts, self.settings.min_weight_ppm)
             await self._announce(Distribution(highest + 1, weights, total_rate))
 
+    async def _wait_for_demand(self) -> None:
+        """Until a sequencer of the group (this one included) was asked for numbers."""
+        log.info("leader: the first distribution is published once a sequencer of the group is asked for numbers")
+        while not self._closed:
+            stop_if_cancelled()
+            if self.stamp_refused or any(s.stamp_refused for s in (await self._peer_statuses()).values()):
+                return
+            await asyncio.sleep(self.settings.share_check_ms / 1000)
+
     async def _highest_distribution_id(self) -> int:
-        highest = self.distribution.id if self.distribution else 0
+        highest = max(self._saved_id, self.distribution.id if self.distribution else 0)
         for peer in self.settings.peers:
             with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
                 status = await self._stub(peer.address).GetStatus(sequencer_pb2.GetStatusRequest(), timeout=RPC_TIMEOUT)
@@ -359,6 +392,8 @@ class Sequencer:
         while not self._closed:
             stop_if_cancelled()
             await asyncio.sleep(interval)
+            statuses = await self._peer_statuses()
+            await self._catch_up(statuses)
             distribution = self.distribution
             if distribution is None:
                 continue
@@ -366,7 +401,7 @@ class Sequencer:
                 await self._fill_share(1)
             if self.settings.filler == "off":
                 continue
-            others = await self._peer_slots(distribution.id)
+            others = self._peer_slots(distribution.id, statuses)
             if others is None:
                 continue
             window = self._window
@@ -383,17 +418,58 @@ class Sequencer:
                 await self._fill_share(deficit)
             window.own_before = self.last_seq
 
-    async def _peer_slots(self, distribution_id: int) -> int | None:
+    async def _peer_statuses(self) -> dict[str, sequencer_pb2.SequencerStatus]:
+        """Every peer's status that came within one share check (asked all at once)."""
+
+        async def ask(peer: Peer) -> sequencer_pb2.SequencerStatus | None:
+            try:
+                status: sequencer_pb2.SequencerStatus = await self._stub(peer.address).GetStatus(
+                    sequencer_pb2.GetStatusRequest(), timeout=self.settings.share_check_ms / 1000
+                )
+            except (TimeoutError, grpc.RpcError):
+                return None
+            return status
+
+        peers = self.settings.peers
+        answers = await asyncio.gather(*(ask(peer) for peer in peers))
+        return {peer.domain: status for peer, status in zip(peers, answers, strict=True) if status is not None}
+
+    async def _catch_up(self, statuses: dict[str, sequencer_pb2.SequencerStatus]) -> None:
+        """Install the newest distribution a peer holds, when it is newer than this one's.
+
+        Beyond the seed. A distribution is installed on a sequencer only after the leader
+        published it, so any a peer holds is one receivers can know. The leader's install may
+        not reach this sequencer (it was down, restarting, or paused when the leader sent it):
+        without this, receivers could not leave the distribution this domain last stamped with
+        until the leader's next install got through, and the other domains would stall."""
+        if self.settings.leader or not statuses:
+            return  # the leader is the source: it installs on itself after everyone else
+        domain, newest = max(statuses.items(), key=lambda item: item[1].distribution.id)
+        current = self.distribution.id if self.distribution else 0
+        if newest.distribution.id <= current:
+            return
+        try:
+            installed = await self.install(newest.distribution)
+        except (InvalidArgument, ValueError) as error:  # a group whose members disagree on the domains
+            log.warning("domain %s: distribution of domain %s's sequencer not taken: %s", self.domain, domain, error)
+            return
+        if installed == newest.distribution.id:
+            log.info(
+                "domain %s: caught up from domain %s's sequencer: distribution %d (the leader's install had not "
+                "reached this one)",
+                self.domain,
+                domain,
+                installed,
+            )
+
+    def _peer_slots(self, distribution_id: int, statuses: dict[str, sequencer_pb2.SequencerStatus]) -> int | None:
         """Slots the other domains handed out since this domain installed ``distribution_id``."""
         window = self._window
         if window.distribution_id != distribution_id:
             return None
         for peer in self.settings.peers:
-            try:
-                status = await self._stub(peer.address).GetStatus(
-                    sequencer_pb2.GetStatusRequest(), timeout=self.settings.share_check_ms / 1000
-                )
-            except (TimeoutError, grpc.RpcError):
+            status = statuses.get(peer.domain)
+            if status is None:
                 continue
             if status.distribution.id < distribution_id:
                 continue  # not installed there yet: its numbers so far belong to the older one
@@ -464,12 +540,21 @@ class Sequencer:
                 continue
             for owned in due:
                 handed = owned.handed
+                if owned.last_client:
+                    what = (
+                        f"the stream of client {owned.last_client!r} ended before it reported the range published, "
+                        "and no stream claimed it back"
+                    )
+                else:
+                    what = "it was handed out before this sequencer restarted, and no client claimed it"
                 log.warning(
-                    "domain %s: range %d..%d (epoch %d) was not claimed within %.1fs: filled with a skip marker",
+                    "domain %s: range %d..%d (epoch %d): %s within %.1fs: filled with a skip marker (should its "
+                    "client publish it after all, receivers drop whichever of the two reaches them second)",
                     self.domain,
                     handed.first,
                     handed.last,
                     handed.epoch,
+                    what,
                     delay,
                 )
             await self._publish_fillers(

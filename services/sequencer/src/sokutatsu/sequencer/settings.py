@@ -121,4 +121,12 @@ class SequencerSettings(ServiceSettings):
         "client's stream ended (or this sequencer restarted) unless a client claims them.",
         parse_interval_ms,
     )
+    first_distribution: str = setting(
+        "FIRST_DISTRIBUTION",
+        "at-start",
+        "Leader: when to publish the group's first distribution: at-start, or on-demand (once a sequencer of "
+        "the group is first asked for numbers), so ordered subscribers that subscribe before the first publish "
+        "receive everything (`sokutatsu up` uses on-demand). A group that ran before announces at once.",
+        choice("at-start", "on-demand"),
+    )
     max_range: int = setting("MAX_RANGE", 100_000, "The most numbers one stamp request may ask for.", parse_max_range)

@@ -334,6 +334,7 @@ class SequencerStatus(_message.Message):
     OUTSTANDING_RANGES_FIELD_NUMBER: _builtins.int
     FILLED_RANGES_FIELD_NUMBER: _builtins.int
     DISTRIBUTION_START_SEQ_FIELD_NUMBER: _builtins.int
+    STAMP_REFUSED_FIELD_NUMBER: _builtins.int
     domain: _builtins.str
     leader: _builtins.bool
     epoch: _builtins.int
@@ -354,6 +355,10 @@ class SequencerStatus(_message.Message):
     """last_seq when the installed distribution was installed here: the numbers
     handed out under it are last_seq - distribution_start_seq (fillers use it).
     """
+    stamp_refused: _builtins.bool
+    """Numbers were asked for before any distribution was installed here (a
+    leader with FIRST_DISTRIBUTION=on-demand publishes the first one then).
+    """
     @_builtins.property
     def distribution(self) -> Global___Distribution: ...
     def __init__(
@@ -370,10 +375,11 @@ class SequencerStatus(_message.Message):
         outstanding_ranges: _builtins.int = ...,
         filled_ranges: _builtins.int = ...,
         distribution_start_seq: _builtins.int = ...,
+        stamp_refused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution", "distribution_start_seq", b"distribution_start_seq", "domain", b"domain", "dummy_slots", b"dummy_slots", "epoch", b"epoch", "filled_ranges", b"filled_ranges", "last_seq", b"last_seq", "leader", b"leader", "outstanding_ranges", b"outstanding_ranges", "skip_markers", b"skip_markers", "skip_slots", b"skip_slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["distribution", b"distribution", "distribution_start_seq", b"distribution_start_seq", "domain", b"domain", "dummy_slots", b"dummy_slots", "epoch", b"epoch", "filled_ranges", b"filled_ranges", "last_seq", b"last_seq", "leader", b"leader", "outstanding_ranges", b"outstanding_ranges", "skip_markers", b"skip_markers", "skip_slots", b"skip_slots", "stamp_refused", b"stamp_refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
