@@ -1007,7 +1007,7 @@ REQUEST_LIMITS = {"broker": 4 * 2**20, "monitor": 2 * 2**20, "sequencer": 2 * 2*
 CONCURRENT = 8
 ROUNDS = 3
 OVER_LIMIT = 15 * 10**6
-RSS_GROWTH_BOUND = 128 * 2**20
+RSS_GROWTH_BOUND = 192 * 2**20
 
 
 def _rss(pid: int) -> int:
