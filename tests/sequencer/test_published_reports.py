@@ -17,7 +17,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.client import OrderedPublisher, _retry, ordered
-from sokutatsu.sequencer.v1 import sequencer_pb2
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import Pair, until
 from tests.sequencer.fix_sequencer import GroupFactory, SequencerProcess
 from tests.sequencer.test_ordered import TOPIC, _check_same_order, _wait_all, ordered_group
@@ -106,3 +106,39 @@ async def test_a_report_lost_with_a_broken_stream_is_sent_again_on_the_next_one(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_range_its_client_never_got_is_filled_when_the_client_comes_back_without_it(
+    pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory
+) -> None:
+    """A new stream of a client begins with everything it holds (claims and published reports):
+    a range of its ended stream it leaves out never reached it (a sequencer paused past the
+    client's stamp timeout answers the abandoned stream once it runs again; `sokutatsu chaos
+    --sequencers` found receivers waiting FILL_AFTER_MS for it). It is filled at once: here
+    FILL_AFTER_MS is ten minutes, so only that can fill it."""
+    pair = await pair_factory()
+    group = sequencer_group(["a"], pair.addresses, TOPIC, fill_after_ms="600000")
+    async with ordered_group(pair, group, readers=0):
+        process = group["a"]
+        await until(lambda: _installed(process), "the first distribution")
+        async with aio.insecure_channel(process.address) as channel:
+            stub = sequencer_pb2_grpc.SequencerStub(channel)
+            ended = stub.Stamp()
+            got = []
+            for request_id in (1, 2):
+                await ended.write(sequencer_pb2.StampRequest(request_id=request_id, count=3, client_id="x", domain="a"))
+                response = await ended.read()
+                assert isinstance(response, sequencer_pb2.StampResponse)
+                got.append(response.range)
+            ended.cancel()
+            # Back (seen ended or not): the first range published; the second one it does not hold.
+            again = stub.Stamp()
+            await again.write(sequencer_pb2.StampRequest(client_id="x", domain="a", published=[got[0].first_seq]))
+            status = await _settled(process)
+            again.cancel()
+    assert status.filled_ranges == 1
+    assert "began a new stream without claiming it" in process.log()
+
+
+async def _installed(process: SequencerProcess) -> bool:
+    return (await process.status()).distribution.id >= 1

@@ -58,13 +58,21 @@ DISTRIBUTION_KEY = "_sokutatsu.distribution"
 
 @dataclass(slots=True)
 class _Owned:
-    """An unsettled range and who holds it (empty client: nobody, since ``orphaned_at``)."""
+    """An unsettled range and who holds it: ``client`` is the holding *stream*
+    (``<client id>#<n>``, see :func:`client_name`; empty: nobody, since ``orphaned_at``)."""
 
     handed: HandedRange
     client: str = ""
     orphaned_at: float | None = None
     # Who held it last (empty: it was handed out before this sequencer restarted), for the fill's log.
     last_client: str = ""
+    # Its client's new stream neither claimed nor reported it: the answer never reached the client.
+    disowned: bool = False
+
+
+def client_name(holder: str) -> str:
+    """The client id of a holding stream's key (``<client id>#<n>``)."""
+    return holder.partition("#")[0]
 
 
 @dataclass
@@ -166,7 +174,7 @@ class Sequencer:
         self._stamped_distribution = distribution.id
         self.journal.handed(handed)
         self.last_seq = handed.last
-        self.owned[handed.first] = _Owned(handed, client, last_client=client)
+        self.owned[handed.first] = _Owned(handed, client, last_client=client_name(client))
         return sequencer_pb2.SequenceRange(
             distribution_id=handed.distribution_id,
             domain=self.domain,
@@ -185,11 +193,26 @@ class Sequencer:
         for claimed in ranges:
             owned = self.owned.get(claimed.first_seq)
             if owned is not None and owned.handed.count == claimed.count:
-                owned.client, owned.orphaned_at, owned.last_client = client, None, client
+                owned.client, owned.orphaned_at, owned.last_client = client, None, client_name(client)
+                owned.disowned = False
+
+    def disown_unclaimed(self, holder: str) -> None:
+        """A new stream (``holder``) of a client began with everything the client holds (its
+        claims and published reports, as the SDK sends them): a range of the client's earlier
+        streams it did not claim never reached it (e.g. answered while this process was paused
+        past the client's stamp timeout), so it is filled at once rather than ``FILL_AFTER_MS``
+        later. (Client ids must be unique: two live publishers with one id would disown each
+        other's ranges.)"""
+        name, now = client_name(holder), time.monotonic()
+        for owned in self.owned.values():
+            if owned.last_client == name and owned.client != holder:
+                owned.disowned = True
+                if owned.orphaned_at is None:  # its stream's end not seen yet
+                    owned.client, owned.orphaned_at = "", now
 
     def stream_ended(self, client: str) -> None:
-        """The client's stream ended: what it held and did not report published may never come
-        (a new stream of the same client claims it back)."""
+        """The stream ``client`` (``<client id>#<n>``) ended: what it held and did not report
+        published may never come (a new stream of the same client claims it back)."""
         now = time.monotonic()
         for owned in self.owned.values():
             if owned.client == client:
@@ -535,12 +558,21 @@ class Sequencer:
             stop_if_cancelled()
             await asyncio.sleep(min(delay, 0.1))
             now = time.monotonic()
-            due = [o for o in self.owned.values() if o.orphaned_at is not None and now - o.orphaned_at >= delay]
+            due = [
+                o
+                for o in self.owned.values()
+                if o.orphaned_at is not None and (o.disowned or now - o.orphaned_at >= delay)
+            ]
             if not due:
                 continue
             for owned in due:
                 handed = owned.handed
-                if owned.last_client:
+                if owned.disowned:
+                    what = (
+                        f"client {owned.last_client!r} began a new stream without claiming it (the answer never "
+                        "reached it)"
+                    )
+                elif owned.last_client:
                     what = (
                         f"the stream of client {owned.last_client!r} ended before it reported the range published, "
                         "and no stream claimed it back"
@@ -548,14 +580,13 @@ class Sequencer:
                 else:
                     what = "it was handed out before this sequencer restarted, and no client claimed it"
                 log.warning(
-                    "domain %s: range %d..%d (epoch %d): %s within %.1fs: filled with a skip marker (should its "
-                    "client publish it after all, receivers drop whichever of the two reaches them second)",
+                    "domain %s: range %d..%d (epoch %d): %s: filled with a skip marker (should its client "
+                    "publish it after all, receivers drop whichever of the two reaches them second)",
                     self.domain,
                     handed.first,
                     handed.last,
                     handed.epoch,
-                    what,
-                    delay,
+                    what if owned.disowned else f"{what} within {delay:.1f}s",
                 )
             await self._publish_fillers(
                 [

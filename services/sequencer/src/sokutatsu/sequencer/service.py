@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,19 +18,25 @@ SERVICE = "sokutatsu.sequencer.v1.Sequencer"
 class SequencerService(sequencer_pb2_grpc.SequencerServicer):
     def __init__(self, sequencer: Sequencer) -> None:
         self.sequencer = sequencer
+        self._streams = itertools.count(1)
 
     async def Stamp(
         self, request_iterator: AsyncIterator[sequencer_pb2.StampRequest], context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[sequencer_pb2.StampResponse]:
         sequencer = self.sequencer
-        client = ""
+        client = ""  # the stream's key: <client id>#<n>, so the end of an old stream of the client
+        first = True  # does not orphan what its new stream claimed
         try:
             async for request in request_iterator:
-                client = client or request.client_id or context.peer()
+                client = client or f"{request.client_id or context.peer()}#{next(self._streams)}"
                 if request.claims:
                     sequencer.claim(request.claims, client)
                 if request.published:
                     sequencer.settle(request.published)
+                if first and request.client_id and (request.claims or request.published):
+                    # The SDK begins a stream with all it holds: what it left out never reached it.
+                    sequencer.disown_unclaimed(client)
+                first = False
                 if request.count == 0:
                     if not request.claims and not request.published:
                         raise InvalidArgument("a stamp request asks for at least 1 number")
@@ -37,7 +44,8 @@ class SequencerService(sequencer_pb2_grpc.SequencerServicer):
                 stamped = sequencer.stamp(request.count, client, request.domain)
                 yield sequencer_pb2.StampResponse(request_id=request.request_id, range=stamped)
         finally:
-            sequencer.stream_ended(client)
+            if client:  # a stream that sent nothing held nothing (and must not touch the orphans)
+                sequencer.stream_ended(client)
 
     async def WatchDistributions(
         self, request: sequencer_pb2.WatchDistributionsRequest, context: aio.ServicerContext[Any, Any]
