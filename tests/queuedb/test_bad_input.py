@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from grpc import aio
 
-from sokutatsu.core.errors import InvalidArgument
+from sokutatsu.core.errors import InvalidArgument, Unavailable
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -287,3 +287,28 @@ async def test_a_database_error_caused_by_the_request_is_invalid_argument(node_d
     assert "node node1's database at " in text
     assert "dbname" not in text
     assert str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]) not in text
+
+
+async def test_a_transaction_that_lost_a_lock_is_unavailable_to_retry(node_database: NodeDatabase) -> None:
+    """A lock that could not be had (55P03; a deadlock or serialization failure, class 40, alike) is
+    transient: UNAVAILABLE, which clients retry, not an INTERNAL with a traceback (review of #20)."""
+    dsn = node_database()
+    db = Database(dsn, 1, "node1")
+    await db.open()
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute("LOCK TABLE sokutatsu.queues IN ACCESS EXCLUSIVE MODE")
+
+            async def read_the_locked_table() -> None:
+                async with db.transaction() as conn:
+                    await conn.execute("SET LOCAL lock_timeout = '50ms'")
+                    await conn.execute("SELECT count(*) FROM sokutatsu.queues")
+
+            with pytest.raises(Unavailable) as refused:
+                await read_the_locked_table()
+            await holder.rollback()
+    finally:
+        await db.close()
+    text = str(refused.value)
+    assert "SQLSTATE 55P03" in text
+    assert "retry" in text

@@ -374,6 +374,13 @@ class Subscriber:
             told = message.retention_gap if message.HasField("retention_gap") else None
             if told is not None and told.last_seq > have:
                 # The subscription's retention discarded messages before this one: the broker says which and why.
+                if have and told.first_seq > have + 1:
+                    # What went missing before the discarded range, for another reason, is a gap of its own.
+                    plain = GapError(publisher, have + 1, told.first_seq - 1)
+                    self.gaps.append(plain)
+                    log.warning("%s", plain)
+                    if self.on_gap == "raise":
+                        buffer.append(plain)
                 gap = GapError(
                     publisher,
                     max(have + 1, told.first_seq),

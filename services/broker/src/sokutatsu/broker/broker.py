@@ -280,6 +280,8 @@ class Broker:
         self._add_queue(spec)
         if spec.durable:
             self._deleted.discard((spec.topic, spec.subscriber_id))
+            # Created again after it expired: the peer must no longer be told to delete it.
+            self.expired_names = [n for n in self.expired_names if n != (spec.topic, spec.subscriber_id)]
             self.subscriptions_version += 1
             await self._save_catalog()
         return spec

@@ -29,6 +29,9 @@ CAUSED_BY_THE_REQUEST = ("22", "54")
 # class 08 connection exception, 57014 a statement cancelled (statement_timeout), 57P01-57P03
 # shutting down or not accepting connections yet, class 58 system error (I/O).
 NOT_ANSWERING = ("08", "57014", "57P01", "57P02", "57P03", "58")
+# Transient: the transaction lost a race (serialization failure, deadlock: class 40) or waited for a
+# lock or an object in use (55P03, 55006). Nothing of it was committed; the same call again can succeed.
+TRANSIENT = ("40", "55P03", "55006")
 
 
 class Database:
@@ -84,6 +87,10 @@ class Database:
             )
         if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(NOT_ANSWERING)):
             return Unavailable(f"{self.where} does not answer ({_kind(exc)}); retry later")
+        if state.startswith(TRANSIENT):
+            return Unavailable(
+                f"{self.where} gave up the call's transaction ({_kind(exc)}): nothing of it was kept; retry"
+            )
         return exc
 
 
