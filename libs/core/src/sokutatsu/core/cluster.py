@@ -30,7 +30,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
+from sokutatsu.core.auth_client import header_interceptors
 from sokutatsu.core.auth_rules import is_control
 from sokutatsu.core.settings import Settings, SettingsError, load, parse_optional_path, setting
 
@@ -244,59 +245,10 @@ class ClusterGuard(aio.ServerInterceptor):
 # ------------------------------------------------------------------------------ client side ----
 
 
-def _with_secret(details: aio.ClientCallDetails, secret: str) -> aio.ClientCallDetails:
-    method = details.method.decode() if isinstance(details.method, bytes) else details.method
-    if not is_control(method):
-        return details
-    metadata = aio.Metadata(*(details.metadata or ()))
-    metadata.add(HEADER, secret)
-    return aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready)
-
-
-class _Secret:
-    """(grpc.aio files an interceptor under its first call kind only: one class per kind.)"""
-
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
-
-
-class _UnaryUnary(_Secret, aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(
-        self, continuation: Callable[..., Any], client_call_details: aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(_with_secret(client_call_details, self.secret), request)
-
-
-class _UnaryStream(_Secret, aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(
-        self, continuation: Callable[..., Any], client_call_details: aio.ClientCallDetails, request: Any
-    ) -> Any:
-        return await continuation(_with_secret(client_call_details, self.secret), request)
-
-
-class _StreamUnary(_Secret, aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(
-        self,
-        continuation: Callable[..., Any],
-        client_call_details: aio.ClientCallDetails,
-        request_iterator: AsyncIterable[Any] | Iterable[Any],
-    ) -> Any:
-        return await continuation(_with_secret(client_call_details, self.secret), request_iterator)
-
-
-class _StreamStream(_Secret, aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(
-        self,
-        continuation: Callable[..., Any],
-        client_call_details: aio.ClientCallDetails,
-        request_iterator: AsyncIterable[Any] | Iterable[Any],
-    ) -> Any:
-        return await continuation(_with_secret(client_call_details, self.secret), request_iterator)
-
-
 def control_interceptors(secret: str) -> list[aio.ClientInterceptor]:
     """Interceptors that add the secret to the control calls of a channel (and to no other call)."""
-    return [_UnaryUnary(secret), _UnaryStream(secret), _StreamUnary(secret), _StreamStream(secret)]
+    header = ((HEADER, secret),)
+    return header_interceptors(lambda method: header if is_control(method) else ())
 
 
 def control_metadata(secret: str | None = None) -> tuple[tuple[str, str], ...]:
