@@ -10,7 +10,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from sokutatsu.core.cluster import FILE_VAR, SECRET_VAR, make_file
+from tests.helpers import FIGURES
 
 pytest_plugins = [
     "tests.fix_pg",
@@ -31,3 +34,11 @@ def pytest_configure(config: object) -> None:
     path = Path(tempfile.mkdtemp(prefix="sokutatsu-cluster-")) / "cluster-secret"
     make_file(path)
     os.environ[FILE_VAR] = str(path)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures tests measured (``tests.helpers.report_figure``)."""
+    if FIGURES:
+        terminalreporter.section("figures measured by the tests")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

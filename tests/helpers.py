@@ -184,3 +184,13 @@ async def served(
     finally:
         stop.set()
         await asyncio.wait_for(task, limit)
+
+
+# Figures tests measure and report, never assert (timing is not a test's verdict: issue #21's
+# "report the resume delay"); printed in the session's summary, under "figures measured by the tests".
+FIGURES: list[str] = []
+
+
+def report_figure(line: str) -> None:
+    """Print ``line`` in the session's summary."""
+    FIGURES.append(line)

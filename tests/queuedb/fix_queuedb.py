@@ -3,6 +3,10 @@ nodes' processes, started, killed and started again."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -12,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
+from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError, create_database, database_dsn, free_port
 from sokutatsu.queuedb.schema import migrate
 from tests.helpers import ServiceProc, ensure_stopped, start_service
 
@@ -119,3 +123,66 @@ def queue_bodies(dsn: str, queue: str = "inbox") -> list[bytes]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT body FROM sokutatsu.messages WHERE queue = %s ORDER BY seq", (queue,)).fetchall()
     return [bytes(r[0]) for r in rows]
+
+
+@dataclass
+class Cluster:
+    """One node's own PostgreSQL on a fixed port, so its DSN holds across crashes."""
+
+    pg: EmbeddedPostgres
+    crashes: int = 0
+
+    @property
+    def dsn(self) -> str:
+        return self.pg.dsn
+
+    def kill9(self) -> None:
+        """SIGKILL the postmaster and all its children at once (an OS-level crash of the server)."""
+        pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)  # no new backend from here on: the list below is complete
+        victims = [pid, *_children(pid)]
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+                os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # only stops a hung test
+        while any(_alive(v) for v in victims):
+            assert time.monotonic() < deadline, f"PostgreSQL processes {victims} outlived SIGKILL"
+            time.sleep(0.02)
+        self.crashes += 1
+        self.pg.stop()  # releases the folder (the server is gone)
+
+    def restart(self) -> None:
+        try:
+            self.pg.start()
+        except PostgresError as exc:
+            raise AssertionError(f"{exc}:\n{self.pg.log_file.read_text()[-3000:]}") from None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Until reaped: PostgreSQL takes a lock file whose process is a zombie for a live postmaster."""
+    return Path(f"/proc/{pid}").exists()
+
+
+def own_cluster(folder: Path, name: str, settings: Mapping[str, str] | None = None) -> Cluster:
+    """A new PostgreSQL cluster of its own in ``folder``/``name`` (with ``settings``), migrated, started."""
+    pg = EmbeddedPostgres(folder / name, port=free_port())
+    pg.start()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        for setting, value in (settings or {}).items():
+            conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
+        conn.execute("SELECT pg_reload_conf()")
+        migrate(conn)
+    return Cluster(pg)

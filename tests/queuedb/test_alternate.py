@@ -10,11 +10,8 @@ each message acknowledged to a client arrived exactly once, in the client's orde
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import random
-import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,68 +22,16 @@ import psycopg
 import pytest
 from grpc import aio
 
-from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError, free_port
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.queuedb.enqueue import FLUSH_SENDER
-from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
-from tests.queuedb.fix_queuedb import Node
+from tests.queuedb.fix_queuedb import Cluster, Node, own_cluster
 
 pytestmark = pytest.mark.timeout(600)
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT = 30.0
 LAZY_WAL = {"wal_writer_delay": "10s", "bgwriter_lru_maxpages": "0", "autovacuum": "off"}
-
-
-@dataclass
-class Cluster:
-    """One node's own PostgreSQL on a fixed port, so its DSN holds across crashes."""
-
-    pg: EmbeddedPostgres
-    crashes: int = 0
-
-    @property
-    def dsn(self) -> str:
-        return self.pg.dsn
-
-    def kill9(self) -> None:
-        """SIGKILL the postmaster and all its children at once (an OS-level crash of the server)."""
-        pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGSTOP)  # no new backend from here on: the list below is complete
-        victims = [pid, *_children(pid)]
-        for victim in victims:
-            with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
-                os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30  # only stops a hung test
-        while any(_alive(v) for v in victims):
-            assert time.monotonic() < deadline, f"PostgreSQL processes {victims} outlived SIGKILL"
-            time.sleep(0.02)
-        self.crashes += 1
-        self.pg.stop()  # releases the folder (the server is gone)
-
-    def restart(self) -> None:
-        try:
-            self.pg.start()
-        except PostgresError as exc:
-            raise AssertionError(f"{exc}:\n{self.pg.log_file.read_text()[-3000:]}") from None
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Until reaped: PostgreSQL takes a lock file whose process is a zombie for a live postmaster."""
-    return Path(f"/proc/{pid}").exists()
 
 
 @dataclass
@@ -109,25 +54,14 @@ class Pair:
         return "\n".join(n.tail() for n in (self.service1, self.service2, self.daemon))
 
 
-def _cluster(folder: Path, name: str) -> Cluster:
-    pg = EmbeddedPostgres(folder / name, port=free_port())
-    pg.start()
-    with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        for setting, value in LAZY_WAL.items():
-            conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
-        conn.execute("SELECT pg_reload_conf()")
-        migrate(conn)
-    return Cluster(pg)
-
-
 @pytest.fixture
 def pair(tmp_path: Path, pg_tmp_folder: Path) -> Iterator[Pair]:
     """Two clusters, both nodes' services and node 1's transfer daemon (not started)."""
     folder = pg_tmp_folder  # as root the clusters run as postgres: not under tmp_path
     clusters: list[Cluster] = []
     try:
-        clusters.append(_cluster(folder, "node1"))
-        clusters.append(_cluster(folder, "node2"))
+        clusters.append(own_cluster(folder, "node1", LAZY_WAL))
+        clusters.append(own_cluster(folder, "node2", LAZY_WAL))
         node1, node2 = clusters
         address1, address2 = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         common = {"SOKUTATSU_GRACE_SECONDS": "1", "SOKUTATSU_QUEUEDB_DB_CHECK_SECONDS": "0.5"}

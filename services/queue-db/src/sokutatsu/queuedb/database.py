@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import psycopg
@@ -12,6 +13,9 @@ from sokutatsu.core.embedded_pg import error_line, redact_dsn
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
+# While the database does not answer it is checked this often (at most), so health turns SERVING,
+# and the senders watching it send again, within this long of the database answering.
+RECHECK_DOWN_SECONDS = 0.25
 
 
 async def server_version(dsn: str) -> str:
@@ -24,11 +28,18 @@ async def server_version(dsn: str) -> str:
         return str(row[0]) if row else "unknown"
 
 
-async def watch(dsn: str, interval: float, on_change: asyncio.Queue[bool] | None = None) -> None:
-    """Check the database every ``interval`` seconds; put each change of reachability on ``on_change``."""
+async def watch(
+    dsn: str, interval: float, on_change: asyncio.Queue[bool] | None = None, check_now: asyncio.Event | None = None
+) -> None:
+    """Check the database every ``interval`` seconds (every ``RECHECK_DOWN_SECONDS`` at most while it
+    does not answer, and at once when ``check_now`` is set: a call found it not answering); put each
+    change of reachability on ``on_change``."""
     reachable = True
+    wake = check_now or asyncio.Event()
     while True:
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval if reachable else min(interval, RECHECK_DOWN_SECONDS))
+        wake.clear()
         try:
             await server_version(dsn)
             now = True

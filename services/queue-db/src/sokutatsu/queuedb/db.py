@@ -10,6 +10,7 @@ A status never shows the DSN: the node is named by its name and ``host:port``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,10 @@ from sokutatsu.core.embedded_pg import error_line, redact_dsn
 from sokutatsu.core.errors import InvalidArgument, ResourceExhausted, Unavailable, echo
 
 POOL_TIMEOUT_SECONDS = 10.0
+# How long the pool keeps retrying one lost connection (psycopg_pool backs off 1, 2, 4 s ...; its
+# default of 5 minutes leaves a pool waiting seconds to reconnect after a database outage). After
+# it gives up, the next call that needs a connection makes one at once.
+RECONNECT_GIVE_UP_SECONDS = 1.0
 # SQLSTATE class 53: out of memory or disk, too many connections, max_prepared_transactions reached.
 INSUFFICIENT_RESOURCES = "53"
 # SQLSTATE classes a request's values cause: 22 data exception, 54 program limit exceeded.
@@ -39,8 +44,16 @@ class Database:
         self.dsn = dsn
         # How a status names this database: the node and host:port, never the DSN.
         self.where = f"node {node}'s database at {redact_dsn(dsn, database=False)}" if node else "the node's database"
+        # Set when a call finds the database not answering: the health watch checks at once.
+        self.not_answering = asyncio.Event()
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-            dsn, min_size=1, max_size=size, open=False, timeout=POOL_TIMEOUT_SECONDS, kwargs={"connect_timeout": 5}
+            dsn,
+            min_size=1,
+            max_size=size,
+            open=False,
+            timeout=POOL_TIMEOUT_SECONDS,
+            reconnect_timeout=RECONNECT_GIVE_UP_SECONDS,
+            kwargs={"connect_timeout": 5},
         )
 
     async def open(self) -> None:
@@ -48,6 +61,10 @@ class Database:
 
     async def close(self) -> None:
         await self.pool.close()
+
+    async def answers_again(self) -> None:
+        """The database answers again after an outage: drop the pooled connections that broke in it."""
+        await self.pool.check()
 
     @contextlib.asynccontextmanager
     async def transaction(self, *, durable: bool = True) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -61,6 +78,7 @@ class Database:
                     await conn.execute("SET LOCAL synchronous_commit = off")
                 yield conn
         except PoolTimeout:
+            self.not_answering.set()
             raise Unavailable(
                 f"{self.where} does not answer: no connection within {POOL_TIMEOUT_SECONDS:g} s; retry later"
             ) from None
@@ -86,6 +104,7 @@ class Database:
                 f"(SQLSTATE {state}); sending it again cannot help"
             )
         if isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(NOT_ANSWERING)):
+            self.not_answering.set()
             return Unavailable(f"{self.where} does not answer ({_kind(exc)}); retry later")
         if state.startswith(TRANSIENT):
             return Unavailable(

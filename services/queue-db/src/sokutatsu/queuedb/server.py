@@ -92,11 +92,15 @@ def build(settings: QueueDbSettings) -> Register:
         async def follow_database() -> None:
             while True:
                 up = await changes.get()
+                if up:
+                    await db.answers_again()
                 status = health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
                 for name in ["", *SERVICES]:
                     await context.health.set(name, status)
 
-        context.start_background(database.watch(settings.dsn, settings.db_check_seconds, changes), "db-watch")
+        context.start_background(
+            database.watch(settings.dsn, settings.db_check_seconds, changes, db.not_answering), "db-watch"
+        )
         context.start_background(follow_database(), "db-health")
         return SERVICES
 

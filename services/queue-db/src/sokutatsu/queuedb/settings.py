@@ -40,14 +40,21 @@ class QueueDbSettings(ServiceSettings):
     listen: str = setting(
         "LISTEN", "127.0.0.1:7401", "host:port to serve gRPC on (port 0 = any free port).", parse_address
     )
-    instance: str = setting("INSTANCE", "node1", "Node name; transfer peers know each other by it.", parse_name)
+    instance: str = setting(
+        "INSTANCE",
+        "node1",
+        "This node's name in logs, traces and error messages (nothing is keyed on it): give it the name the "
+        "other nodes use for it (SOKUTATSU_TRANSFER_NODE of its daemon, PEERS, TransferRule.to_node).",
+        parse_name,
+    )
     dsn: str = setting(
         "DSN", "", "PostgreSQL connection string of this node's database (required), e.g. postgresql://u@host/db."
     )
     db_check_seconds: float = setting(
         "DB_CHECK_SECONDS",
         5.0,
-        "How often the database is checked; while it does not answer, health reports NOT_SERVING.",
+        "How often the database is checked (at once when a call finds it not answering, every 0.25 s while "
+        "it does not answer); while it does not answer, health reports NOT_SERVING.",
         parse_positive_float,
     )
     pool_size: int = setting(

@@ -44,6 +44,7 @@ from typing import Any, ClassVar, NoReturn
 import grpc
 import psycopg
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
@@ -69,6 +70,15 @@ RPC_TIMEOUT = 30.0
 LOCAL_SUFFIX = "/sender"
 # Largest batch on the wire, bodies included (gRPC frames are limited to 16 MiB).
 MAX_BATCH_BYTES = 8 * 2**20
+# How often the health channel to a receiver that is down tries to connect (gRPC's default back-off
+# grows to 120 s), and the longest wait between failed sessions.
+RECONNECT_MS = 100
+MAX_BACKOFF = 5.0
+_RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MS),
+]
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,7 @@ class PeerLink:
         # ones, stored without waiting for the flush); None when it has flushed all it acknowledged.
         self._unflushed_since: float | None = None
         self._acked = 0  # the receiver's last_received_id in its latest answer
+        self._failures = 0  # sessions failed in a row since the last one that recovered
 
     @property
     def _link_attributes(self) -> dict[str, str]:
@@ -211,19 +222,46 @@ class PeerLink:
         return self.settings.poll_ms / 1000
 
     async def run(self) -> None:
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(_transient),
-            wait=wait_exponential(multiplier=0.05, max=5),
-            reraise=True,
-            before_sleep=lambda state: log.warning(
-                "transfer to %s: %s; retrying",
-                self.peer.node,
-                _said(state.outcome.exception(), self.settings.dsn) if state.outcome else "?",
-            ),
-        )
-        async for attempt in retrying:
-            with attempt:
-                await self._session()
+        """Sessions, one after another, for as long as the daemon runs.
+
+        After a session fails it watches the receiver's health (a health ``Watch`` on a channel
+        that retries its connection every ``RECONNECT_MS``): a receiver seen down is sent to again
+        as soon as it answers ``SERVING``, never after a back-off grown during its outage. Failures
+        in a row with the receiver serving all along (this node's database down, a receiver that
+        refuses) back off exponentially, to ``MAX_BACKOFF``.
+        """
+        async with open_channel(self.peer.address, cluster=True, options=_RECONNECT_OPTIONS) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                try:
+                    await self._session()
+                except Exception as exc:
+                    if not _transient(exc):
+                        raise
+                    self._failures += 1
+                    log.warning("transfer to %s: %s; retrying", self.peer.node, _said(exc, self.settings.dsn))
+                else:
+                    return
+                if await self._until_serving(channel, health):
+                    self._failures = 1  # it was down and is back: go now
+                if self._failures > 1:
+                    await asyncio.sleep(min(MAX_BACKOFF, 0.05 * 2 ** (self._failures - 2)))
+
+    async def _until_serving(self, channel: aio.Channel, health: health_pb2_grpc.HealthStub) -> bool:
+        """Until the receiver's health answers ``SERVING`` (at most ``MAX_BACKOFF``); whether it was
+        seen down first (not connected, or another status)."""
+        down = channel.get_state() != grpc.ChannelConnectivity.READY
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=MAX_BACKOFF)
+        try:
+            async for answer in watch:
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return down
+                down = True
+        except aio.AioRpcError:
+            pass  # timed out, or no health service: the next session's own failure says why
+        finally:
+            watch.cancel()
+        return False
 
     async def _session(self) -> None:
         async with (
@@ -237,6 +275,7 @@ class PeerLink:
                 await self._session_2pc(conn, stub)
                 return
             await self._recover(conn, stub)
+            self._failures = 0  # connected and recovered: the next failure retries as soon as the receiver serves
             await self._pipeline(conn, stub)
 
     async def _pipeline(self, conn: psycopg.AsyncConnection[Any], stub: queuedb_pb2_grpc.TransferAsyncStub) -> None:
@@ -458,6 +497,7 @@ class PeerLink:
         """Per batch: prepare here (rows deleted, decision row written), prepare there, COMMIT PREPARED
         here (the decision), COMMIT PREPARED there."""
         await self._recover_2pc(conn, stub)
+        self._failures = 0
         while True:
             prepared = await self._prepare_local(conn)
             if prepared is None:
