@@ -10,22 +10,19 @@ A pending subscriber is not moved again until this is settled.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import SubKey
 from sokutatsu.monitor.broker_link import rpc_error_text
+from sokutatsu.monitor.host import KeeperHost
 from sokutatsu.monitor.switchover import PendingRelease
-
-if TYPE_CHECKING:
-    from sokutatsu.monitor.monitor import Monitor
 
 log = logging.getLogger(__name__)
 LEAVING = broker_pb2.QUEUE_STATE_LEAVING
 
 
 class ReleaseKeeper:
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: KeeperHost) -> None:
         self.monitor = monitor
         self.pending: dict[SubKey, PendingRelease] = {}
         self.busy: set[SubKey] = set()  # being finished now

@@ -15,20 +15,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import BrokerView
 from sokutatsu.monitor.broker_link import rpc_error_text
+from sokutatsu.monitor.host import KeeperHost
 from sokutatsu.monitor.pair import MAX_EPOCH, Held, RoleChange, decide_roles
 from sokutatsu.monitor.status import unix_nano_at
 from sokutatsu.monitor.switchover import timed_step, tracer
 from sokutatsu.monitor.v1 import monitor_pb2
-
-if TYPE_CHECKING:
-    from sokutatsu.monitor.monitor import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +34,7 @@ ROLE_RETRY_SECONDS = 0.5
 
 
 class RoleKeeper:
-    def __init__(self, monitor: Monitor, now: float) -> None:
+    def __init__(self, monitor: KeeperHost, now: float) -> None:
         self.monitor = monitor
         # Since when no reachable broker reports ACTIVE (the monitor's start counts).
         self.no_active_since: float | None = now
