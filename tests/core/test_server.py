@@ -296,14 +296,3 @@ def test_echo_cuts_a_long_value_and_says_how_long_it_was() -> None:
     nul = b"\x00"
     assert errors.echo(nul * 200) == f"{nul * errors.ECHO_LIMIT!r}… (200 bytes)"
     assert errors.echo(7) == "7"
-
-
-def test_unserved_refuses_to_serve_a_method_the_service_does_not_have() -> None:
-    from grpc_health.v1 import health_pb2 as health  # noqa: PLC0415 - any real service descriptor
-
-    from sokutatsu.core.unserved import unimplemented_service  # noqa: PLC0415
-
-    service = health.DESCRIPTOR.services_by_name["Health"]
-    handler = grpc.unary_unary_rpc_method_handler(_raise, _identity, _identity)
-    with pytest.raises(ValueError, match=r"has no methods \['Chek'\]"):
-        unimplemented_service(service, "never", {"Chek": handler})
