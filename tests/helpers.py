@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from sokutatsu.core.auth import Policy
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
 from sokutatsu.core.server import Register, serve
 from sokutatsu.core.tls import ServerTls
+from sokutatsu.harness import spawn, stop_process, wait_announced
 
 # Generous bounds that only stop a hung test (well under pytest's 120 s timeout);
 # nothing asserts on durations.
@@ -33,7 +33,7 @@ STOP_LIMIT_SECONDS = 30.0
 
 @dataclass
 class ServiceProc:
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[bytes]
     address: str
     log: Path
 
@@ -71,44 +71,21 @@ def stop(process: subprocess.Popen[Any], sig: signal.Signals = signal.SIGTERM) -
 
 def ensure_stopped(process: subprocess.Popen[Any]) -> None:
     """Clean-up: SIGTERM a process still running, then SIGKILL if it does not exit."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_LIMIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, limit=STOP_LIMIT_SECONDS)
 
 
 def start_service(module: str, env: dict[str, str], folder: Path) -> ServiceProc:
-    """Start ``python -m module`` on a free port and wait for its announce file."""
+    """Start ``python -m module`` on a free port and wait for its announce file
+    (:class:`~sokutatsu.harness.HarnessError` with its log if it exits first)."""
     announce = folder / f"{module}.announce.json"
     log = folder / f"{module}.log"
-    full_env = {**os.environ, "SOKUTATSU_ANNOUNCE_FILE": str(announce), **env}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module], env=full_env, stdout=out, stderr=subprocess.STDOUT, text=True
-        )
+    process = spawn(module, env, log, announce=announce)
     try:
-        address = _wait_announced(module, process, announce, log)
+        address = wait_announced(process, announce, log, limit=START_LIMIT_SECONDS)
     except BaseException:
-        process.kill()
-        process.wait()
+        stop_process(process, limit=0)
         raise
     return ServiceProc(process=process, address=address, log=log)
-
-
-def _wait_announced(module: str, process: subprocess.Popen[str], announce: Path, log: Path) -> str:
-    deadline = time.monotonic() + START_LIMIT_SECONDS
-    while not announce.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"{module} exited with {process.returncode}: {log.read_text()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{module} did not announce itself: {log.read_text()}")
-        time.sleep(0.02)
-    address: str = json.loads(announce.read_text())["address"]
-    return address
 
 
 def pid_alive(pid: int) -> bool:

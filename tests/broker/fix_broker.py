@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,77 +13,27 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.health import wait_serving
+from sokutatsu.harness import ServiceProcess
 
-START_LIMIT_SECONDS = 30.0
 
+class BrokerProcess(ServiceProcess):
+    """A broker on a free port with its state under ``folder/state``; killed, paused and started
+    again on the same state."""
 
-@dataclass
-class BrokerProcess:
-    folder: Path
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
-    address: str = ""
-    starts: int = 0
+    def __init__(self, folder: Path, env: dict[str, str] | None = None) -> None:
+        defaults = {
+            "SOKUTATSU_BROKER_LISTEN": "127.0.0.1:0",
+            "SOKUTATSU_BROKER_STATE_DIR": str(folder / "state"),
+            "SOKUTATSU_GRACE_SECONDS": "1",
+        }
+        super().__init__("sokutatsu.broker", folder, {**defaults, **(env or {})}, name="broker")
 
     @property
     def state_dir(self) -> Path:
         return self.folder / "state"
 
-    def start(self) -> str:
-        announce = self.folder / "announce.json"
-        announce.unlink(missing_ok=True)
-        self.starts += 1
-        log = (self.folder / f"broker-{self.starts}.log").open("wb")
-        env = {
-            **os.environ,
-            "SOKUTATSU_BROKER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_BROKER_STATE_DIR": str(self.state_dir),
-            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
-            "SOKUTATSU_GRACE_SECONDS": "1",
-            **self.env,
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sokutatsu.broker"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        deadline = time.monotonic() + START_LIMIT_SECONDS
-        while not announce.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"broker did not start: {self.log()}")
-            time.sleep(0.02)
-        self.address = json.loads(announce.read_text())["address"]
-        return self.address
-
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("broker-*.log")))
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def freeze(self) -> None:
-        """SIGSTOP: the process holds its connections but answers nothing (a hung broker)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        """SIGCONT after :meth:`freeze`."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return self.output()
 
 
 @pytest.fixture

@@ -15,23 +15,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from grpc import aio
 
+from sokutatsu.harness import ServiceProcess
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.broker.fix_broker import BrokerProcess
 
-START_LIMIT_SECONDS = 30.0
 # Only stops a hung test; nothing asserts on durations.
 UNTIL_LIMIT_SECONDS = 30.0
 
@@ -47,60 +41,15 @@ def brokers_setting(pair: tuple[BrokerProcess, BrokerProcess], ids: tuple[str, s
     return ",".join(f"{broker_id}={broker.address}" for broker_id, broker in zip(ids, pair, strict=True))
 
 
-@dataclass
-class MonitorProcess:
-    folder: Path
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
-    address: str = ""
-    starts: int = 0
+class MonitorProcess(ServiceProcess):
+    """A monitor on a free port, with the test settings; killed and started again."""
 
-    def start(self) -> str:
-        """Start (or start again) and wait until it serves; returns its host:port."""
-        announce = self.folder / "announce.json"
-        announce.unlink(missing_ok=True)
-        self.starts += 1
-        log = (self.folder / f"monitor-{self.starts}.log").open("wb")
-        env = {
-            **os.environ,
-            "SOKUTATSU_MONITOR_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_ANNOUNCE_FILE": str(announce),
-            "SOKUTATSU_GRACE_SECONDS": "1",
-            **TEST_SETTINGS,
-            **self.env,
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sokutatsu.monitor"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        deadline = time.monotonic() + START_LIMIT_SECONDS
-        while not announce.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"monitor did not start: {self.log()}")
-            time.sleep(0.02)
-        self.address = json.loads(announce.read_text())["address"]
-        return self.address
+    def __init__(self, folder: Path, env: dict[str, str] | None = None) -> None:
+        defaults = {"SOKUTATSU_MONITOR_LISTEN": "127.0.0.1:0", "SOKUTATSU_GRACE_SECONDS": "1", **TEST_SETTINGS}
+        super().__init__("sokutatsu.monitor", folder, {**defaults, **(env or {})}, name="monitor")
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("monitor-*.log")))
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return self.output()
 
     # ---------------------------------------------------------------- calls --
     async def status(self, recent: int = 0) -> monitor_pb2.MonitorStatus:

@@ -9,7 +9,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -17,8 +17,8 @@ import pytest
 from psycopg import sql
 
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError, create_database, database_dsn, free_port
+from sokutatsu.harness import ServiceProcess
 from sokutatsu.queuedb.schema import migrate
-from tests.helpers import ServiceProc, ensure_stopped, start_service
 
 NodeDatabase = Callable[[], str]
 
@@ -50,37 +50,51 @@ def node_database(pg_dsn: str) -> Iterator[NodeDatabase]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@dataclass
-class Node:
-    """A process that is started, killed and started again, each time with its own log folder."""
+class Node(ServiceProcess):
+    """A queue-db service or transfer daemon: started, killed and started again, each start with
+    its own log; ``start(crash_at=...)`` arms its fault injection (``CRASH_AT``) for that start."""
 
-    module: str
-    env: dict[str, str]
-    folder: Path
-    proc: ServiceProc | None = None
-    starts: int = 0
-    logs: list[Path] = field(default_factory=list)
+    def __init__(self, module: str, env: dict[str, str], folder: Path) -> None:
+        super().__init__(module, folder, env)
 
-    def start(self, crash_at: str = "") -> None:
-        self.starts += 1
-        run = self.folder / f"{self.module}-{self.starts}"
-        run.mkdir(parents=True)
+    def start(self, crash_at: str = "", **env: str) -> str:
         prefix = "SOKUTATSU_QUEUEDB_" if self.module == "sokutatsu.queuedb" else "SOKUTATSU_TRANSFER_"
-        self.proc = start_service(self.module, {**self.env, f"{prefix}CRASH_AT": crash_at}, run)
-        self.logs.append(self.proc.log)
+        return super().start(**{f"{prefix}CRASH_AT": crash_at, **env})
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.process.poll() is None
 
-    def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.process.poll()
+class QueueDbNode(Node):
+    """A queue-db service on a database of its own (``dsn``), on a free port."""
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            ensure_stopped(self.proc.process)
+    def __init__(self, folder: Path, dsn: str, env: dict[str, str]) -> None:
+        base = {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": dsn, "SOKUTATSU_GRACE_SECONDS": "1"}
+        super().__init__("sokutatsu.queuedb", {**base, **env}, folder)
+        self.dsn = dsn
 
-    def tail(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs[-2:])
+    def queues(self) -> list[str]:
+        """The queues its database holds, by name."""
+        with psycopg.connect(self.dsn) as conn:
+            return [r[0] for r in conn.execute("SELECT name FROM sokutatsu.queues ORDER BY name").fetchall()]
+
+
+@pytest.fixture
+def queuedb_node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Callable[..., QueueDbNode]]:
+    """``queuedb_node(max_batch="20", ...)``: a started queue-db service on a new database, with those
+    ``SOKUTATSU_QUEUEDB_*`` settings. Each must stop cleanly (SIGTERM, status 0) with no traceback
+    in its log: an unexpected exception in a handler is logged with one (and answered INTERNAL)."""
+    made: list[QueueDbNode] = []
+
+    def make(**settings: str) -> QueueDbNode:
+        env = {f"SOKUTATSU_QUEUEDB_{name.upper()}": value for name, value in settings.items()}
+        node = QueueDbNode(tmp_path / f"queuedb{len(made)}", node_database(), env)
+        made.append(node)
+        node.start()
+        return node
+
+    yield make
+    for node in made:
+        code = node.stop()
+        assert code == 0, f"queue-db exited with {code}:\n{node.tail()}"
+        assert "Traceback" not in node.output(), node.output()
 
 
 def transfer_nodes(

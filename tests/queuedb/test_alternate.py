@@ -248,9 +248,7 @@ async def test_every_acknowledged_message_arrives_once_in_order_through_kill_9_o
                     backwards += 1  # node 2 lost what it had stored unflushed
             else:
                 node = {"node1-service": pair.service1, "node2-service": pair.service2}.get(victim, pair.daemon)
-                assert node.proc is not None
-                node.proc.process.kill()
-                node.proc.process.wait()
+                node.kill9()
                 node.start()
         await asyncio.sleep(1)
     finally:

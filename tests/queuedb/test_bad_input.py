@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -37,8 +36,7 @@ from sokutatsu.queuedb.v1.queuedb_pb2 import (
     TransferredMessage,
     TransferRule,
 )
-from tests.helpers import ServiceProc, ensure_stopped, start_service, stop
-from tests.queuedb.fix_queuedb import NodeDatabase
+from tests.queuedb.fix_queuedb import NodeDatabase, QueueDbNode
 
 if TYPE_CHECKING:  # the async stubs exist in the type stubs only
     from sokutatsu.queuedb.v1.queuedb_pb2_grpc import QueueServiceAsyncStub, TransferAsyncStub
@@ -57,40 +55,19 @@ CAPS = {
 }
 
 
-class Node:
-    def __init__(self, proc: ServiceProc, dsn: str) -> None:
-        self.proc = proc
-        self.dsn = dsn
-
-    def queues(self) -> list[str]:
-        with psycopg.connect(self.dsn) as conn:
-            return [r[0] for r in conn.execute("SELECT name FROM sokutatsu.queues ORDER BY name").fetchall()]
-
-
 @pytest.fixture
-def node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Node]:
-    dsn = node_database()
-    env = {
-        "SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0",
-        "SOKUTATSU_QUEUEDB_INSTANCE": "node1",
-        "SOKUTATSU_QUEUEDB_DSN": dsn,
+def node(queuedb_node: Callable[..., QueueDbNode]) -> QueueDbNode:
+    return queuedb_node(
+        instance="node1",
         # The transfer daemon's PEERS value, taken as it is.
-        "SOKUTATSU_QUEUEDB_PEERS": "node2=127.0.0.1:1,node3=127.0.0.1:2",
-        "SOKUTATSU_GRACE_SECONDS": "1",
-        **{f"SOKUTATSU_QUEUEDB_{name}": str(value) for name, value in CAPS.items()},
-    }
-    proc = start_service("sokutatsu.queuedb", env, tmp_path)
-    try:
-        yield Node(proc, dsn)
-        assert stop(proc.process) == 0, proc.output()
-        assert "Traceback" not in proc.output()
-    finally:
-        ensure_stopped(proc.process)
+        peers="node2=127.0.0.1:1,node3=127.0.0.1:2",
+        **{name: str(value) for name, value in CAPS.items()},
+    )
 
 
 @pytest.fixture
-async def channel(node: Node) -> AsyncIterator[aio.Channel]:
-    async with open_channel(node.proc.address, cluster=True) as channel:
+async def channel(node: QueueDbNode) -> AsyncIterator[aio.Channel]:
+    async with open_channel(node.address, cluster=True) as channel:
         yield channel
 
 
@@ -117,7 +94,7 @@ async def _stream(transfer: TransferAsyncStub, *batches: TransferBatch) -> list[
 
 # ---------------------------------------------------------------------------------------- names --
 async def test_long_or_malformed_names_on_the_transfer_endpoint_are_invalid_argument(
-    node: Node, channel: aio.Channel
+    node: QueueDbNode, channel: aio.Channel
 ) -> None:
     transfer: TransferAsyncStub = queuedb_pb2_grpc.TransferStub(channel)
     calls: dict[str, Awaitable[Any]] = {
@@ -150,7 +127,9 @@ async def test_long_or_malformed_names_on_the_transfer_endpoint_are_invalid_argu
     assert node.queues() == ["inbox"]
 
 
-async def test_an_unknown_durability_on_a_transferred_message_is_refused(node: Node, channel: aio.Channel) -> None:
+async def test_an_unknown_durability_on_a_transferred_message_is_refused(
+    node: QueueDbNode, channel: aio.Channel
+) -> None:
     transfer: TransferAsyncStub = queuedb_pb2_grpc.TransferStub(channel)
     batch = _batch("node9", "inbox")
     batch.messages[0].durability = 99  # type: ignore[assignment]
@@ -172,19 +151,15 @@ async def test_create_queue_forwards_only_to_a_known_node(channel: aio.Channel) 
     assert created.queue.transfer.to_node == "node3"
 
 
-async def test_without_peers_no_queue_forwards(node_database: NodeDatabase, tmp_path: Path) -> None:
-    env = {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": node_database()}
-    proc = start_service("sokutatsu.queuedb", env, tmp_path)
-    try:
-        async with open_channel(proc.address, cluster=True) as channel:
-            queues: QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
-            rule = TransferRule(to_node="node2", immediate=True)
-            request = CreateQueueRequest(queue=Queue(name="q", transfer=rule))
-            code, details = await _refused(queues.CreateQueue(request, timeout=RPC_TIMEOUT))
-        assert code == grpc.StatusCode.FAILED_PRECONDITION
-        assert "(SOKUTATSU_QUEUEDB_PEERS): none" in details
-    finally:
-        ensure_stopped(proc.process)
+async def test_without_peers_no_queue_forwards(queuedb_node: Callable[..., QueueDbNode]) -> None:
+    node = queuedb_node()
+    async with open_channel(node.address, cluster=True) as channel:
+        queues: QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
+        rule = TransferRule(to_node="node2", immediate=True)
+        request = CreateQueueRequest(queue=Queue(name="q", transfer=rule))
+        code, details = await _refused(queues.CreateQueue(request, timeout=RPC_TIMEOUT))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "(SOKUTATSU_QUEUEDB_PEERS): none" in details
 
 
 # ----------------------------------------------------------------------------------------- caps --

@@ -9,9 +9,7 @@ how long anything takes: waits are bounded loops that only stop a hung test.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -33,8 +31,7 @@ from sokutatsu.queuedb.v1.queuedb_pb2 import (
     Queue,
     TransferRule,
 )
-from tests.helpers import ServiceProc, ensure_stopped, start_service, stop
-from tests.queuedb.fix_queuedb import NodeDatabase
+from tests.queuedb.fix_queuedb import QueueDbNode
 
 if TYPE_CHECKING:  # the async stub exists in the type stubs only
     from sokutatsu.queuedb.v1.queuedb_pb2_grpc import QueueServiceAsyncStub as Stub
@@ -46,37 +43,15 @@ RPC_TIMEOUT = 30.0
 POLL_LIMIT = 600
 
 
-@dataclass
-class Node:
-    proc: ServiceProc
-    dsn: str
-
-
 @pytest.fixture
-def node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Node]:
+def node(queuedb_node: Callable[..., QueueDbNode]) -> QueueDbNode:
     """A queue-db process on a fresh database, with small limits so the refusals are cheap to reach."""
-    dsn = node_database()
-    env = {
-        "SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0",
-        "SOKUTATSU_QUEUEDB_DSN": dsn,
-        "SOKUTATSU_QUEUEDB_MAX_BATCH": str(MAX_BATCH),
-        "SOKUTATSU_QUEUEDB_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-        "SOKUTATSU_QUEUEDB_PEERS": "node2,node3",
-        "SOKUTATSU_GRACE_SECONDS": "1",
-    }
-    proc = start_service("sokutatsu.queuedb", env, tmp_path)
-    try:
-        yield Node(proc, dsn)
-        assert stop(proc.process) == 0, proc.output()
-        # An unexpected exception in a handler is logged with its traceback (and answered INTERNAL).
-        assert "Traceback" not in proc.output()
-    finally:
-        ensure_stopped(proc.process)
+    return queuedb_node(max_batch=str(MAX_BATCH), max_body_bytes=str(MAX_BODY_BYTES), peers="node2,node3")
 
 
 @pytest.fixture
-async def queues(node: Node) -> AsyncIterator[Stub]:
-    async with aio.insecure_channel(node.proc.address) as channel:
+async def queues(node: QueueDbNode) -> AsyncIterator[Stub]:
+    async with aio.insecure_channel(node.address) as channel:
         yield queuedb_pb2_grpc.QueueServiceStub(channel)
 
 
@@ -125,7 +100,7 @@ async def _redelivered(queues: Stub, queue: str) -> list[queuedb_pb2.QueueMessag
     raise AssertionError(f"nothing in {queue!r} became ready again")
 
 
-async def test_queues_are_created_read_listed_and_counted(node: Node, queues: Stub) -> None:
+async def test_queues_are_created_read_listed_and_counted(node: QueueDbNode, queues: Stub) -> None:
     forwarding = TransferRule(to_node="node2", to_queue="inbox", immediate=False, min_batch=10, max_age_ms=500)
     alternating = TransferRule(to_node="node2", immediate=True, durability=queuedb_pb2.REMOTE_DURABILITY_ALTERNATE)
     assert await _create(queues, "orders") == Queue(name="orders")
@@ -422,7 +397,7 @@ async def test_malformed_and_unknown_lease_ids_come_back_expired(queues: Stub) -
     assert "lease ids" in details
 
 
-async def test_a_forwarding_queue_enqueues_into_the_outbox(node: Node, queues: Stub) -> None:
+async def test_a_forwarding_queue_enqueues_into_the_outbox(node: QueueDbNode, queues: Stub) -> None:
     await _create(queues, "to-node2", TransferRule(to_node="node2", to_queue="inbox", immediate=True))
     ids = await _enqueue(queues, "to-node2", b"1", b"2")
     assert ids == sorted(ids)

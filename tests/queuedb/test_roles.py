@@ -20,6 +20,7 @@ from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
 from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.harness import HarnessError
 from sokutatsu.queuedb.enqueue import Message, enqueue, enqueue_batch
 from sokutatsu.queuedb.schema import ENQUEUE_ROLE, SERVICE_ROLE, migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -92,8 +93,7 @@ async def test_the_service_and_the_transfer_daemon_do_their_job_as_the_service_r
         assert queue_bodies(owner2, "inbox") == committed
 
         # The receiving node's service leases and acknowledges as the service role too.
-        assert receiver.proc is not None
-        async with aio.insecure_channel(receiver.proc.address) as channel:
+        async with aio.insecure_channel(receiver.address) as channel:
             stub = queuedb_pb2_grpc.QueueServiceStub(channel)
             got = await stub.Dequeue(queuedb_pb2.DequeueRequest(queue="inbox", max_messages=50), timeout=30)
             assert [m.body for m in got.messages] == committed[:50]
@@ -153,7 +153,7 @@ def test_a_service_role_on_a_database_that_is_behind_says_who_must_migrate(
     create_database(pg_dsn, name)
     try:
         service = login(database_dsn(pg_dsn, name), SERVICE_ROLE)
-        with pytest.raises(AssertionError) as exited:
+        with pytest.raises(HarnessError) as exited:
             start_service(
                 "sokutatsu.queuedb",
                 {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": service},

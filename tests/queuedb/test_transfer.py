@@ -229,8 +229,7 @@ async def test_replayed_and_out_of_order_batches_are_detected(two_nodes: tuple[s
     and counted, a batch that would leave a hole is refused, bad input gets a status to act on."""
     _, node2, receiver, _ = two_nodes
     receiver.start()
-    assert receiver.proc is not None
-    async with open_channel(receiver.proc.address, cluster=True) as channel:
+    async with open_channel(receiver.address, cluster=True) as channel:
         stub = queuedb_pb2_grpc.TransferStub(channel)
         first = await stub.Deliver(_batch(1, 10), timeout=30)
         replay = await stub.Deliver(_batch(1, 10), timeout=30)
@@ -262,8 +261,7 @@ async def test_replayed_and_out_of_order_batches_are_detected(two_nodes: tuple[s
 async def test_the_receivers_two_phase_commit_rpcs(two_nodes: tuple[str, str, Node, Node]) -> None:
     _, node2, receiver, _ = two_nodes
     receiver.start()
-    assert receiver.proc is not None
-    async with open_channel(receiver.proc.address, cluster=True) as channel:
+    async with open_channel(receiver.address, cluster=True) as channel:
         stub = queuedb_pb2_grpc.TransferStub(channel)
         for gid, batch in (("sokutatsu:node9:node2:1", _batch(1, 3)), ("sokutatsu:node9:node2:2", _batch(4, 5))):
             await stub.PrepareBatch(queuedb_pb2.PrepareBatchRequest(batch=batch, gid=gid), timeout=30)
@@ -314,12 +312,11 @@ async def test_a_receiver_database_outage_is_unavailable_then_the_transfer_resum
     node1, node2, receiver, daemon = two_nodes
     receiver.start()
     daemon.start()
-    assert receiver.proc is not None
     first = await _enqueue_all(node1, 200, random.Random(3))  # noqa: S311
     await _until(lambda: len(queue_bodies(node2)) >= len(first), "the first part", (receiver, daemon), (node1, node2))
     _set_connections(pg_dsn, node2, allowed=False)
     try:
-        async with open_channel(receiver.proc.address, cluster=True) as channel:
+        async with open_channel(receiver.address, cluster=True) as channel:
             stub = queuedb_pb2_grpc.TransferStub(channel)
             with pytest.raises(aio.AioRpcError) as down:
                 await stub.GetRecoveryState(queuedb_pb2.GetRecoveryStateRequest(sender_node="node1"), timeout=60)
@@ -473,15 +470,11 @@ async def test_the_transfer_resumes_as_soon_as_node_2_serves_again(
         enqueuing = asyncio.create_task(_enqueue_all(node1, 0, random.Random(21), until=done))  # noqa: S311
         await resumed("start")
         for down in (0.0, 3.0, 8.0):  # 8 s: past the 5 s the daemon's back-off grew to before the fix
-            assert receiver.proc is not None
-            receiver.proc.process.kill()
-            receiver.proc.process.wait()
+            receiver.kill9()
             await asyncio.sleep(down)
             receiver.start()  # returns once it serves (its announce file)
             await resumed(f"node 2's service killed (kill -9), down {down:.0f} s")
-        assert daemon.proc is not None
-        daemon.proc.process.kill()
-        daemon.proc.process.wait()
+        daemon.kill9()
         daemon.start()
         await resumed("node 1's transfer daemon killed (kill -9), restarted at once")
         for down in (3.0, 8.0):
@@ -489,8 +482,7 @@ async def test_the_transfer_resumes_as_soon_as_node_2_serves_again(
             await asyncio.sleep(down)
             node2.restart()
             back = time.monotonic()
-            assert receiver.proc is not None
-            await _serving(receiver.proc.address)
+            await _serving(receiver.address)
             health.append((down, time.monotonic() - back))
             await resumed(f"node 2's PostgreSQL killed (kill -9), down {down:.0f} s")
         done.set()

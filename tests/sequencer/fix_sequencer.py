@@ -5,18 +5,15 @@ on the same journal."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from grpc import aio
 
 from sokutatsu.core.embedded_pg import free_port
+from sokutatsu.harness import ServiceProcess
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
-from tests.helpers import ensure_stopped, start_service
 
 # Quicker than the defaults so tests wait less; the logic is the same.
 TEST_SETTINGS = {
@@ -27,42 +24,30 @@ TEST_SETTINGS = {
 }
 
 
-@dataclass
-class SequencerProcess:
-    domain: str
-    folder: Path
-    address: str
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[str] | None = None
-    starts: int = 0
+class SequencerProcess(ServiceProcess):
+    """One domain's sequencer on a fixed address (its peers name it by address), killed and
+    started again on the same journal."""
 
-    def start(self) -> None:
-        self.starts += 1
-        run = self.folder / f"run{self.starts}"  # one log per start, kept for the failure message
-        run.mkdir()
-        env = {
-            **TEST_SETTINGS,
-            "SOKUTATSU_SEQUENCER_LISTEN": self.address,
-            "SOKUTATSU_SEQUENCER_INSTANCE": f"seq-{self.domain}",
-            "SOKUTATSU_SEQUENCER_DOMAIN": self.domain,
-            "SOKUTATSU_SEQUENCER_STATE_DIR": str(self.folder / "state"),
-            # A test session killed by its timeout takes its sequencers with it.
-            "SOKUTATSU_PARENT_PID": str(os.getpid()),
-            **self.env,
-        }
-        self.process = start_service("sokutatsu.sequencer", env, run).process
+    def __init__(self, domain: str, folder: Path, address: str, env: dict[str, str]) -> None:
+        super().__init__(
+            "sokutatsu.sequencer",
+            folder,
+            {
+                **TEST_SETTINGS,
+                "SOKUTATSU_SEQUENCER_LISTEN": address,
+                "SOKUTATSU_SEQUENCER_INSTANCE": f"seq-{domain}",
+                "SOKUTATSU_SEQUENCER_DOMAIN": domain,
+                "SOKUTATSU_SEQUENCER_STATE_DIR": str(folder / "state"),
+                # A test session killed by its timeout takes its sequencers with it.
+                "SOKUTATSU_PARENT_PID": str(os.getpid()),
+                **env,
+            },
+        )
+        self.domain = domain
+        self.address = address
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.folder.glob("run*/*.log")))
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            ensure_stopped(self.process)
+        return self.output()
 
     async def status(self) -> sequencer_pb2.SequencerStatus:
         async with aio.insecure_channel(self.address) as channel:

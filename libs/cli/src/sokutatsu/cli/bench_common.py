@@ -8,18 +8,16 @@ import gc
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-START_LIMIT_SECONDS = 30.0
+from sokutatsu.harness import spawn, stop_process, wait_announced
 
 
 def settle_collector() -> None:
@@ -41,36 +39,18 @@ class BrokerRun:
 @contextmanager
 def service_process(module: str, prefix: str, folder: Path, name: str, **settings: str) -> Iterator[BrokerRun]:
     """``python -m <module>`` on a free loopback port, state under ``folder``; stopped (SIGTERM) on exit."""
-    announce = folder / f"{name}.json"
-    announce.unlink(missing_ok=True)
     env = {
-        **os.environ,
         f"{prefix}LISTEN": "127.0.0.1:0",
         f"{prefix}INSTANCE": name,
-        "SOKUTATSU_ANNOUNCE_FILE": str(announce),
         "SOKUTATSU_LOG_LEVEL": "WARNING",
         **{f"{prefix}{k.upper()}": v for k, v in settings.items()},
     }
-    log_path = folder / f"{name}.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+    announce, log = folder / f"{name}.json", folder / f"{name}.log"
+    process = spawn(module, env, log, announce=announce)
     try:
-        deadline = time.monotonic() + START_LIMIT_SECONDS
-        while not announce.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start: {log_path.read_text()}")
-            time.sleep(0.02)
-        yield BrokerRun(json.loads(announce.read_text())["address"], process, folder)
+        yield BrokerRun(wait_announced(process, announce, log), process, folder)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
 
 
 @contextmanager

@@ -157,7 +157,6 @@ class Cluster:
         running.process.kill()
         await asyncio.to_thread(running.process.wait)
         self.suite.running.remove(running)
-        running.log.close()
 
     async def restart(self, name: str) -> None:
         """Start ``name`` again: same port, same state folder, same settings (as an operator would)."""

@@ -168,7 +168,6 @@ class Group:
         running.process.kill()
         await asyncio.to_thread(running.process.wait)
         self.suite.running.remove(running)
-        running.log.close()
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -145,7 +145,6 @@ class DemoSuite:
         """Start a process that died again, with its spec minus the crash setting; returns the new one."""
         old = self.running(name)
         await asyncio.to_thread(old.process.wait)
-        old.log.close()
         self.suite.running.remove(old)
         env = {k: v for k, v in old.spec.env.items() if not k.endswith("_CRASH_AT")}
         new = self.suite.spawn(replace(old.spec, env=env))

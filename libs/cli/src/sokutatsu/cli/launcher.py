@@ -26,18 +26,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 from sokutatsu.cli.topology import ServiceProcess
 from sokutatsu.core.embedded_pg import create_database, database_dsn, dsn_without_password, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.health import check
+from sokutatsu.harness import read_announce, spawn
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_MARGIN_SECONDS = 5.0
@@ -158,7 +158,6 @@ class Running:
     spec: ServiceProcess
     process: subprocess.Popen[bytes]
     log_path: Path
-    log: IO[bytes]
     address: str = ""
 
     @property
@@ -193,10 +192,8 @@ class Suite:
     def endpoints_file(self) -> Path:
         return self.state_dir / "endpoints.json"
 
-    def _env(self, spec: ServiceProcess, announce: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(spec.env)
-        env["SOKUTATSU_ANNOUNCE_FILE"] = str(announce)
+    def _env(self, spec: ServiceProcess) -> dict[str, str]:
+        env = dict(spec.env)
         env["SOKUTATSU_GRACE_SECONDS"] = str(self.grace_seconds)
         env["SOKUTATSU_PARENT_PID"] = str(os.getpid())
         env[spec.prefix + "INSTANCE"] = spec.name
@@ -215,26 +212,19 @@ class Suite:
 
     def spawn(self, spec: ServiceProcess) -> Running:
         announce = self.state_dir / "run" / f"{spec.name}.json"
-        announce.unlink(missing_ok=True)
         log_path = self.state_dir / "logs" / f"{spec.name}.log"
         self.pin([spec])
-        env = self._env(spec, announce)
-        log = log_path.open("ab")
-        try:
-            # Its own session: a terminal's Ctrl-C reaches the launcher only, which stops
-            # the services in order.
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                [sys.executable, "-m", spec.module],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except BaseException:
-            log.close()
-            raise
-        running = Running(spec=spec, process=process, log_path=log_path, log=log)
+        # Its own session: a terminal's Ctrl-C reaches the launcher only, which stops the
+        # services in order.
+        process = spawn(
+            spec.module,
+            self._env(spec),
+            log_path,
+            announce=announce,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        running = Running(spec=spec, process=process, log_path=log_path)
         self.running.append(running)
         return running
 
@@ -248,8 +238,8 @@ class Suite:
                 if self.fixed_ports and "already in use" in reason:
                     reason += "; free the port or run `sokutatsu up --ports auto`"
                 raise LaunchError(f"{running.spec.name} exited with status {code}: {reason} (log: {running.log_path})")
-            if not running.address and announce.exists():
-                running.address = json.loads(announce.read_text())["address"]
+            if not running.address:
+                running.address = read_announce(announce) or ""
             if running.address and await check(running.address, rpc_timeout=1.0) == "SERVING":
                 return
             await asyncio.sleep(0.05)
@@ -308,7 +298,6 @@ class Suite:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-            running.log.close()
             results.append((running.spec.name, proc.returncode))
         self.running.clear()
         self.endpoints_file.unlink(missing_ok=True)
