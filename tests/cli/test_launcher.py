@@ -25,7 +25,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
-from sokutatsu.core.embedded_pg import SUPERUSER, EmbeddedPostgres, PostgresError
+from sokutatsu.core.dsn import PostgresError
+from sokutatsu.core.embedded_pg import SUPERUSER, EmbeddedPostgres
 from sokutatsu.core.health import wait_serving
 from sokutatsu.core.pg_auth import PASSFILE_NAME, read_passfile
 from tests.helpers import pid_alive

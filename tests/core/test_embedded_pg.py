@@ -13,17 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sokutatsu.core.embedded_pg import (
-    EmbeddedPostgres,
-    PostgresError,
-    PostgresSettings,
-    create_database,
-    database_dsn,
-    find_bindir,
-    free_port,
-    provide_postgres,
-    redact_dsn,
-)
+from sokutatsu.core.dsn import PostgresError, create_database, database_dsn, redact_dsn
+from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresSettings, find_bindir, free_port, provide_postgres
 from tests.fix_pg import PgServer, docker_engine_problem
 from tests.helpers import pid_alive
 

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sokutatsu.core.embedded_pg import EmbeddedPostgres, PostgresError, create_database, database_dsn, free_port
+from sokutatsu.core.dsn import PostgresError, create_database, database_dsn
+from sokutatsu.core.embedded_pg import EmbeddedPostgres, free_port
 from sokutatsu.harness import ServiceProcess
 from sokutatsu.queuedb.schema import migrate
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.dsn import create_database, database_dsn
 from sokutatsu.queuedb.enqueue import (
     MAX_BODY_BYTES,
     Message,

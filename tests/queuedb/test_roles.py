@@ -19,7 +19,7 @@ from grpc import aio
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.dsn import create_database, database_dsn
 from sokutatsu.harness import HarnessError
 from sokutatsu.queuedb.enqueue import Message, enqueue, enqueue_batch
 from sokutatsu.queuedb.schema import ENQUEUE_ROLE, SERVICE_ROLE, migrate

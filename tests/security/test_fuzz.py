@@ -53,7 +53,8 @@ from psycopg import sql
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Publisher, Subscriber
 from sokutatsu.core.auth_rules import is_control
-from sokutatsu.core.embedded_pg import create_database, database_dsn, free_port
+from sokutatsu.core.dsn import create_database, database_dsn
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc

@@ -15,7 +15,7 @@ from grpc import aio
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.core.embedded_pg import create_database, database_dsn
+from sokutatsu.core.dsn import create_database, database_dsn
 from sokutatsu.core.health import check, wait_serving
 from sokutatsu.core.tls import open_channel
 from sokutatsu.core.v1 import process_pb2, process_pb2_grpc

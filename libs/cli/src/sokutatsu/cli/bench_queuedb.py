@@ -57,7 +57,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.cli.bench_common import cpu_sample, machine, service_process, steal_percent
 from sokutatsu.cli.bench_link import delayed_link
-from sokutatsu.core.embedded_pg import EmbeddedPostgres, create_database, database_dsn, find_bindir
+from sokutatsu.core.dsn import create_database, database_dsn
+from sokutatsu.core.embedded_pg import EmbeddedPostgres, find_bindir
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import (
     _ENQUEUE_LOCAL,

@@ -29,7 +29,8 @@ from psycopg import sql
 
 from sokutatsu.cli.launcher import Running, Suite
 from sokutatsu.cli.topology import ServiceProcess, suite
-from sokutatsu.core.embedded_pg import database_dsn, free_port
+from sokutatsu.core.dsn import database_dsn
+from sokutatsu.core.embedded_pg import free_port
 
 ORDER_TOPIC = "orders"
 NODE_DATABASES = {"sokutatsu_node1": "sokutatsu_demo_node1", "sokutatsu_node2": "sokutatsu_demo_node2"}

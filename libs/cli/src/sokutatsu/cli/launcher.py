@@ -34,7 +34,7 @@ from types import FrameType
 from typing import Any
 
 from sokutatsu.cli.topology import ServiceProcess
-from sokutatsu.core.embedded_pg import create_database, database_dsn, dsn_without_password, redact_dsn
+from sokutatsu.core.dsn import create_database, database_dsn, dsn_without_password, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.health import check
 from sokutatsu.harness import read_announce, spawn

@@ -23,17 +23,8 @@ from psycopg.conninfo import conninfo_to_dict
 from rich.console import Console
 
 from sokutatsu.cli.settings import LauncherSettings
-from sokutatsu.core.embedded_pg import (
-    PostgresError,
-    PostgresSettings,
-    database_dsn,
-    default_data_dir,
-    dsn_without_password,
-    error_line,
-    find_bindir,
-    redact_dsn,
-    running_cluster_dsn,
-)
+from sokutatsu.core.dsn import PostgresError, database_dsn, dsn_without_password, error_line, redact_dsn
+from sokutatsu.core.embedded_pg import PostgresSettings, default_data_dir, find_bindir, running_cluster_dsn
 from sokutatsu.core.settings import SettingsError, load
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
 

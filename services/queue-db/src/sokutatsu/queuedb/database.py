@@ -8,7 +8,7 @@ import logging
 
 import psycopg
 
-from sokutatsu.core.embedded_pg import error_line, redact_dsn
+from sokutatsu.core.dsn import error_line, redact_dsn
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Which status a failure gets (issue #20): only a database that does not answer is
 own values caused (SQLSTATE classes 22, data exception, and 54, program limit exceeded, such as
 ``index row requires 10016 bytes``) is ``INVALID_ARGUMENT``, since sending it again cannot help.
 A status never shows the DSN: the node is named by its name and ``host:port``
-(:func:`~sokutatsu.core.embedded_pg.redact_dsn`).
+(:func:`~sokutatsu.core.dsn.redact_dsn`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from sokutatsu.core.embedded_pg import error_line, redact_dsn
+from sokutatsu.core.dsn import error_line, redact_dsn
 from sokutatsu.core.errors import InvalidArgument, ResourceExhausted, Unavailable, echo
 
 POOL_TIMEOUT_SECONDS = 10.0

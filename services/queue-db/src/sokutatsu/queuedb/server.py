@@ -12,7 +12,7 @@ import psycopg
 from grpc import aio
 from grpc_health.v1 import health_pb2
 
-from sokutatsu.core.embedded_pg import error_line, redact_dsn
+from sokutatsu.core.dsn import error_line, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError

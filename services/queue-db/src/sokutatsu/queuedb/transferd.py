@@ -50,7 +50,7 @@ from psycopg import sql
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from sokutatsu.client._retry import broken_write
-from sokutatsu.core.embedded_pg import PostgresError, check_dsn, error_line
+from sokutatsu.core.dsn import PostgresError, check_dsn, error_line
 from sokutatsu.core.runtime_settings import ServiceSettings
 from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError, choice, named_addresses, parse_address, parse_name, setting, whole
