@@ -36,6 +36,18 @@ def pytest_configure(config: object) -> None:
     os.environ[FILE_VAR] = str(path)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its figures to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = list(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    FIGURES.extend(getattr(node, "workeroutput", {}).get("figures", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures tests measured (``tests.helpers.report_figure``)."""
     if FIGURES:
