@@ -95,3 +95,33 @@ async def test_an_expired_subscription_is_deleted_on_both_brokers(
     assert (await stats(pair.active.address)).subscriptions_expired == 1
     assert (await stats(pair.standby.address)).subscriptions_expired == 1
     assert "the peer expired it" in pair.standby.log()
+
+
+async def test_a_subscription_created_again_on_one_broker_after_it_expired_is_held_by_both(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Review of #20: the peer kept an expired subscription's name among those it deleted, so when a
+    client created it again and the call reached one broker only, the other never took it from that
+    broker's list: a single copy, lost with its broker. Now a whole list without the name clears it."""
+    pair = await pair_factory(subscription_expiry="3s")
+    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True).subscription
+    for address in pair.addresses:
+        async with aio.insecure_channel(address) as channel:
+            await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+                broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10
+            )
+
+    async def gone_on_both() -> bool:
+        return not await _listed(pair.active.address) and not await _listed(pair.standby.address)
+
+    await until(gone_on_both, "the subscription to expire on both brokers", limit=60)
+    # A client creates it again; the call reaches the active only.
+    async with aio.insecure_channel(pair.active.address) as channel:
+        await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
+            broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10
+        )
+
+    async def on_the_standby() -> bool:
+        return await _listed(pair.standby.address) == ["idle"]
+
+    await until(on_the_standby, "the standby to take the subscription from the active's list", limit=30)

@@ -128,8 +128,11 @@ class Broker:
         # Bumped when a durable subscription is created here: the watermark stream then
         # sends the peer the whole list (pair.py), so the pair holds each one on both.
         self.subscriptions_version = 0
-        # (topic, subscriber id) of durable subscriptions deleted here: the peer's list
-        # does not bring them back (until a client creates one again).
+        # (topic, subscriber id) of durable subscriptions deleted or expired here: the peer's list
+        # does not bring them back while it still holds them (it has not deleted its copy yet).
+        # A name leaves the set when a client creates it here again, or when a whole list of the
+        # peer's comes without it: from then on a list that holds it names a new subscription
+        # (created again on the peer), which is adopted (adopt_subscriptions).
         self._deleted: set[tuple[str, str]] = set()
         # The broker's retention maximums (each queue's default; a subscription may ask for less).
         self.retention = Retention(
@@ -289,14 +292,18 @@ class Broker:
     def durable_subscriptions(self) -> list[broker_pb2.Subscription]:
         return [q.spec.to_proto() for t in self.topics.values() for q in t.queue_list if q.spec.durable]
 
-    async def adopt_subscriptions(self, subscriptions: Sequence[broker_pb2.Subscription]) -> None:
-        """The peer's durable subscriptions: create those this broker lacks.
+    async def adopt_subscriptions(self, subscriptions: Sequence[broker_pb2.Subscription], *, whole: bool) -> None:
+        """The peer's durable subscriptions (``whole``: all it holds): create those this broker lacks.
 
         A client's ``CreateSubscription`` may have reached one broker only (the other was
         down or did not answer in time); without its queue here, a subscriber redirected
         or failed over to this broker would be refused, and what was published meanwhile
-        would not be kept for it. One this broker deleted is not brought back.
+        would not be kept for it. One this broker deleted is not brought back while the
+        peer's list still holds it; once a whole list came without it, it is (see ``_deleted``).
         """
+        if whole:
+            listed = {(sub.topic, sub.subscriber_id) for sub in subscriptions}
+            self._deleted &= listed
         adopted = 0
         for sub in subscriptions:
             topic = self.topics.get(sub.topic)

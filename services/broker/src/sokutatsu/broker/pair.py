@@ -141,6 +141,7 @@ async def _frames(
                 role=broker.role,
                 epoch=broker.epoch,
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
+                subscriptions_included=version != subscriptions_sent,
                 expired=[
                     broker_pb2.SubscriptionName(topic=topic, subscriber_id=subscriber)
                     for topic, subscriber in broker.expired_names
@@ -171,10 +172,10 @@ async def receive_watermarks(
         async for frame in frames:
             check_role(frame.role, "DeliveredWatermarks.role")
             broker.apply_watermarks(frame)
-            if frame.subscriptions:
-                await broker.adopt_subscriptions(frame.subscriptions)
             if frame.expired:
                 await broker.apply_expired(frame.expired)
+            if frame.subscriptions_included or frame.subscriptions:
+                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
 
     if stopping.is_set():
         return

@@ -1800,6 +1800,7 @@ class DeliveredWatermarks(_message.Message):
     HOLDINGS_INCLUDED_FIELD_NUMBER: _builtins.int
     HOLDINGS_FIELD_NUMBER: _builtins.int
     EXPIRED_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_INCLUDED_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -1823,6 +1824,13 @@ class DeliveredWatermarks(_message.Message):
     acknowledged alone. The receiver raises its floors to it (it may lack
     those messages) and takes no subscriber over until it has the holdings
     of the sender's current session.
+    """
+    subscriptions_included: _builtins.bool
+    """Set when `subscriptions` is the sender's whole list (even an empty one).
+    A durable subscription the receiver deleted is not created again from a
+    list that still holds it (the sender had not deleted it yet); once a whole
+    list without it has come, a later list that holds it names a new one (a
+    client created it again on the sender), which the receiver creates.
     """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
@@ -1857,10 +1865,11 @@ class DeliveredWatermarks(_message.Message):
         holdings_included: _builtins.bool = ...,
         holdings: _abc.Iterable[Global___SubscriberHoldings] | None = ...,
         expired: _abc.Iterable[Global___SubscriptionName] | None = ...,
+        subscriptions_included: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
