@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,6 +53,9 @@ FAILOVER_MESSAGES = 1500
 KILL_AFTER = 500
 STOP_GRACE = 10  # docker-compose.yml's stop_grace_period
 ANALYTICS_CONTAINER = "sokutatsu-compose-check-analytics"
+PROJECT = "sokutatsu"  # docker-compose.yml's name
+# What the analysis must find in the check's own spans: subscriber -> messages its publisher sent.
+AUDITED = {"compose-check-desk": 500, "compose-check-failover-desk": 1500}
 
 
 class CheckFailed(Exception):
@@ -135,13 +140,19 @@ async def check_health(config: dict[str, Any]) -> str:
     )
 
 
-def check_cluster_secret() -> str:
-    mountpoint = subprocess.run(
-        ["podman", "volume", "inspect", "sokutatsu_cluster", "--format", "{{.Mountpoint}}"],
+def volume(name: str) -> Path:
+    """Where a named volume of the project lives on the host (rootful podman)."""
+    out = subprocess.run(
+        ["podman", "volume", "inspect", f"{PROJECT}_{name}", "--format", "{{.Mountpoint}}"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
+    return Path(out)
+
+
+def check_cluster_secret() -> str:
+    mountpoint = volume("cluster")
     secret = Path(mountpoint) / "secret"
     info = secret.stat()
     mode = info.st_mode & 0o777
@@ -357,7 +368,9 @@ async def check_rejoin(killed: list[str]) -> str:
     return f"`up -d --wait --no-deps {broker}`: healthy again, and the monitor sees {seen}"
 
 
-def check_stop(out: Path) -> str:
+def check_stop(out: Path, telemetry: Telemetry) -> str:
+    if telemetry.provider is not None:
+        telemetry.provider.force_flush()  # the check's spans, to the receiver and the traces volume
     compose("stop")
     codes = {r["Service"]: r.get("ExitCode") for r in containers()}
     (out / "logs.txt").write_text(compose("logs", "--no-color", "--timestamps"))
@@ -372,24 +385,49 @@ def check_stop(out: Path) -> str:
     return text
 
 
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    """A table the job wrote as CSV: one file, or Spark's folder of part files."""
+    files = sorted(path.glob("part-*.csv")) if path.is_dir() else [path]
+    rows: list[dict[str, str]] = []
+    for file in files:
+        with file.open(newline="") as handle:
+            rows.extend(csv.DictReader(handle))
+    return rows
+
+
 def check_analytics(out: Path) -> str:
     subprocess.run(["podman", "rm", "-f", ANALYTICS_CONTAINER], capture_output=True, check=False)
     compose("--profile", "analytics", "run", "-T", "--name", ANALYTICS_CONTAINER, "analytics", capture=False)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / "report.html"
-    subprocess.run(["podman", "cp", f"{ANALYTICS_CONTAINER}:/reports/report.html", str(target)], check=True)
+    reports = out / "reports"
+    shutil.rmtree(reports, ignore_errors=True)
+    subprocess.run(["podman", "cp", f"{ANALYTICS_CONTAINER}:/reports", str(reports)], check=True)
     subprocess.run(["podman", "rm", ANALYTICS_CONTAINER], capture_output=True, check=False)
-    html = target.read_text(errors="replace")
+    html = (reports / "report.html").read_text(errors="replace")
     if "<html" not in html.lower() or len(html) < 1000:
-        raise CheckFailed(f"{target}: {len(html)} characters, not a report")
-    return f"report.html ({len(html):,} characters) from the traces volume, copied to {target}"
+        raise CheckFailed(f"{reports / 'report.html'}: {len(html)} characters, not a report")
+    audit = {row["subscriber"]: row for row in _csv_rows(reports / "loss_audit.csv")}
+    problems = []
+    for subscriber, sent in AUDITED.items():
+        row = audit.get(subscriber)
+        if row is None:
+            problems.append(f"{subscriber}: not in the loss audit")
+        elif (int(row["sent"]), int(row["processed"]), int(row["lost"]), int(row["duplicates"])) != (sent, sent, 0, 0):
+            problems.append(f"{subscriber}: {row}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    audited = ", ".join(f"{s} sent {AUDITED[s]} processed {AUDITED[s]} lost 0 duplicates 0" for s in AUDITED)
+    return (
+        f"report.html ({len(html):,} characters) and tables in {reports}; loss audit from the traces volume: {audited}"
+    )
 
 
 # ---------------------------------------------------------------- the runner --
 
 
 async def run(out: Path) -> int:
-    telemetry = setup_telemetry("compose-check", "host", None)
+    # The check's own SDK spans go to the receiver (OTEL_EXPORTER_OTLP_ENDPOINT) and, as a file, to
+    # the traces volume beside the services' files: the analytics job audits its deliveries.
+    telemetry = setup_telemetry("compose-check", "host", volume("traces"))
     config = compose_config()
     killed: list[str] = []
     steps: list[tuple[str, Callable[[], Awaitable[str]] | Callable[[], str]]] = [
@@ -402,7 +440,7 @@ async def run(out: Path) -> int:
         ("spans", lambda: check_spans(config, telemetry)),
         ("failover", lambda: check_failover(killed)),
         ("rejoin", lambda: check_rejoin(killed)),
-        ("stop and down", lambda: check_stop(out)),
+        ("stop and down", lambda: check_stop(out, telemetry)),
         ("analytics", lambda: check_analytics(out)),
     ]
     results: list[tuple[str, bool, str, float]] = []
