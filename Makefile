@@ -14,7 +14,7 @@ RUN := $(UV) run --locked --no-sync
 .PHONY: help setup protos lint test up demo bench chaos compose-check
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## Install uv and PostgreSQL binaries if missing; sync .venv from uv.lock
 	@scripts/setup.sh
