@@ -177,12 +177,25 @@ def roles(status: monitor_pb2.MonitorStatus) -> dict[str, str]:
 
 
 async def check_pair() -> str:
-    status = await monitor_status()
-    seen = roles(status)
-    peers = {b.broker_id: b.peer_up for b in status.brokers}
-    if sorted(seen.values()) != ["ACTIVE", "STANDBY"] or not all(peers.values()):
+    # A broker is healthy once it serves; its link to the peer, and the monitor's view of it
+    # (polled), may follow a moment later: wait for them, within the limit.
+    deadline = time.monotonic() + DELIVERY_LIMIT
+    polls = 0
+    while True:
+        status = await monitor_status()
+        polls += 1
+        seen = roles(status)
+        peers = {b.broker_id: b.peer_up for b in status.brokers}
+        paired = sorted(seen.values()) == ["ACTIVE", "STANDBY"] and all(peers.values())
+        if paired or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    if not paired:
         raise CheckFailed(f"monitor sees roles {seen}, peer links {peers}")
-    return f"monitor sees {seen}, each with its peer up (the pair's control RPCs carry the cluster secret)"
+    return (
+        f"monitor sees {seen}, each with its peer up (the pair's control RPCs carry the cluster secret; "
+        f"{polls} GetStatus polls)"
+    )
 
 
 async def _receive(subscriber: Subscriber | OrderedSubscriber, count: int, into: list[broker_pb2.Message]) -> None:
