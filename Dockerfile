@@ -6,12 +6,26 @@
 
 # The same interpreter path in every stage: the virtual environment is copied, not rebuilt.
 # Bookworm because it ships openjdk-17-jre-headless (the analytics stage).
+# Every image this file starts from is a build argument with the public image as its default,
+# so a site with its own registry mirror builds without editing files (docs/docker.md):
+#   PYTHON_IMAGE  Python 3.11 on Debian bookworm, as python:3.11-slim-bookworm is
+#   UV_IMAGE      an image holding the uv binaries at /uv and /uvx
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The uv that writes uv.lock in this repository (make setup installs the same line).
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
+
+FROM ${UV_IMAGE} AS uv
+
+# uv's package cache for the install steps. By default this stage is empty and uv downloads
+# from the index uv.lock names, into a cache mount kept between builds. A build that cannot
+# download (an air-gapped site; scripts/compose_check.sh, where downloads inside containers
+# fail) is handed a filled uv cache instead, `--build-context uv-cache=DIR` (a named context
+# replaces the stage of the same name), and installs from it offline.
+FROM scratch AS uv-cache
 
 # ------------------------------------------------------------------ builder --
 FROM ${PYTHON_IMAGE} AS builder
-# The uv that writes uv.lock in this repository (make setup installs the same line).
-COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /uvx /bin/
+COPY --from=uv /uv /uvx /bin/
 # Compile bytecode at build time (the runtime's venv is read-only for the service user);
 # copy, not hard-link, out of the cache mount; never download an interpreter.
 ENV UV_COMPILE_BYTECODE=1 \
@@ -30,14 +44,18 @@ COPY services/sequencer/pyproject.toml services/sequencer/
 COPY services/queue-db/pyproject.toml services/queue-db/
 COPY analytics/pyproject.toml analytics/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --locked --no-dev --no-editable --no-install-workspace
+    --mount=type=bind,from=uv-cache,target=/uv-cache,rw \
+    if [ -n "$(ls -A /uv-cache)" ]; then export UV_CACHE_DIR=/uv-cache UV_OFFLINE=1; fi \
+    && uv sync --locked --no-dev --no-editable --no-install-workspace
 
 # 2. The workspace members, installed as wheels (--no-editable), so the venv needs no source tree.
 COPY libs/ libs/
 COPY services/ services/
 COPY analytics/ analytics/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --locked --no-dev --no-editable
+    --mount=type=bind,from=uv-cache,target=/uv-cache,rw \
+    if [ -n "$(ls -A /uv-cache)" ]; then export UV_CACHE_DIR=/uv-cache UV_OFFLINE=1; fi \
+    && uv sync --locked --no-dev --no-editable
 
 # ------------------------------------------------------------------ runtime --
 FROM ${PYTHON_IMAGE} AS runtime

@@ -11,10 +11,10 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_SYSTEM_CERTS := 1
 RUN := $(UV) run --locked --no-sync
 
-.PHONY: help setup protos lint test up demo bench chaos
+.PHONY: help setup protos lint test up demo bench chaos compose-check
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## Install uv and PostgreSQL binaries if missing; sync .venv from uv.lock
 	@scripts/setup.sh
@@ -51,3 +51,6 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 
 chaos: setup ## Fault schedules against the broker pair, checked; report to bench/results/ (SEEDS=3 MINUTES=1)
 	$(RUN) sokutatsu chaos --seeds $(or $(SEEDS),3) --minutes $(or $(MINUTES),1)
+
+compose-check: setup ## Build the images and run docker-compose.yml for real with podman and stand-in base images, checked (root; docs/docker.md)
+	@scripts/compose_check.sh

@@ -204,6 +204,35 @@ def test_long_running_services_have_a_healthcheck(name: str) -> None:
         assert check["test"] == [*HEALTHCHECK, listen(name)], f"{name}: health-check the address it listens on"
 
 
+def _seconds(duration: str) -> float:
+    """A compose duration such as "10s", "1m30s" or "500ms", in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts, f"not a duration: {duration!r}"
+    assert "".join(n + u for n, u in parts) == duration, f"not a duration: {duration!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+@pytest.mark.parametrize("name", long_running())
+def test_long_running_services_say_how_long_a_stop_may_take(name: str) -> None:
+    """Written out: podman's Docker API gives a container created without it 0 s (SIGKILL at once)."""
+    grace = services()[name].get("stop_grace_period")
+    assert grace, f"{name}: set stop_grace_period"
+    if ours(name):
+        # The service's own grace, then the overrun after which it logs what it still waits for.
+        needed = RuntimeSettings().grace_seconds + 2.0
+        assert _seconds(str(grace)) >= needed, f"{name}: stop_grace_period {grace} < {needed} s"
+
+
+@pytest.mark.parametrize("name", long_running())
+def test_health_checks_are_not_too_frequent(name: str) -> None:
+    """A Sokutatsu check costs ~0.3 s of CPU; compose refuses start_interval below Docker Engine 25."""
+    check = services()[name].get("healthcheck", {})
+    assert "start_interval" not in check, f"{name}: start_interval needs Docker Engine 25 (and not podman)"
+    if ours(name):
+        assert _seconds(str(check.get("interval", "30s"))) >= 10, f"{name}: check at most every 10 s"
+
+
 @pytest.mark.parametrize("name", [n for n in services() if services()[n].get("depends_on")])
 def test_depends_on_waits_for_health(name: str) -> None:
     for other, condition in depends_on(name).items():
