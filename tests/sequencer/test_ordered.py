@@ -91,7 +91,7 @@ async def _feed(  # noqa: PLR0917 - test helper: who publishes, where, how many,
                 raise AssertionError(
                     f"{name}: {n} messages not acknowledged; queue {len(pub._queue)}, acks {len(pub._acks)}, "
                     f"ranges {pub.ranges}, failure {pub._failure!r}, stamping task {_task_state(pub._task)}, "
-                    f"publisher acked {pub.publisher._acked} "
+                    f"publisher acked {pub.publisher.acked_seq} "
                     f"of {pub.publisher.last_seq}"
                 ) from None
             numbers.extend(stamp.seq for stamp in stamps)
@@ -339,7 +339,8 @@ async def test_the_subscriber_refuses_a_stamp_it_cannot_order(
         # A hand-made stamp with a distribution id no leader announced.
         bogus = stamp_pb2.Stamp(distribution_id=99, domain="a", epoch=1, seq=1, kind=stamp_pb2.STAMP_KIND_DATA)
         async with Publisher(pair.addresses, "forger") as pub:
-            await pub.publish(TOPIC, "k", b"forged", stamp=bogus.SerializeToString())
+            seq = pub._enqueue(TOPIC, "k", b"forged", None, True, bogus.SerializeToString())  # the SDK's stamped path
+            await pub.wait_acked(seq)
         assert reader.task is not None
         with pytest.raises(OrderingError, match="distribution id 99"):
             await asyncio.wait_for(reader.task, 60)
