@@ -88,6 +88,10 @@ def find_gaps(message: broker_pb2.Message, have: int) -> list[GapError]:
     return []
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
 def _fields(message: broker_pb2.Message, topic: str) -> dict[str, Any]:
     headers = message.headers
     return {
@@ -103,14 +107,24 @@ def _fields(message: broker_pb2.Message, topic: str) -> dict[str, Any]:
 
 
 def to_message(message: broker_pb2.Message, topic: str) -> Message:
-    """The SDK's :class:`Message` for a message the broker sent."""
-    return Message(**_fields(message, topic))
+    """The SDK's :class:`Message` for a message the broker sent.
+
+    Built into its ``__dict__`` rather than through the frozen dataclass's ``__init__`` (which sets
+    each field with ``object.__setattr__``): the same instance, equal to one made by ``__init__``,
+    at a fraction of the cost, once per message received.
+    """
+    built = _new(Message)
+    _set(built, "__dict__", _fields(message, topic))
+    return built
 
 
 def to_ordered_message(message: broker_pb2.Message, topic: str) -> OrderedMessage:
-    """The SDK's :class:`OrderedMessage` for a stamped message the broker sent."""
+    """The SDK's :class:`OrderedMessage` for a stamped message the broker sent (built as :func:`to_message`)."""
     stamp = message.stamp
-    return OrderedMessage(
-        **_fields(message, topic),
-        stamp=Stamp(domain=stamp.domain, seq=stamp.seq, distribution_id=stamp.distribution_id, epoch=stamp.epoch),
+    fields = _fields(message, topic)
+    fields["stamp"] = Stamp(
+        domain=stamp.domain, seq=stamp.seq, distribution_id=stamp.distribution_id, epoch=stamp.epoch
     )
+    built = _new(OrderedMessage)
+    _set(built, "__dict__", fields)
+    return built

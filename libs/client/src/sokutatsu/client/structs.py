@@ -1,7 +1,10 @@
 """The SDK's own types at its boundary: what a subscriber hands to the application.
 
 Small frozen records, never the wire's generated classes (whose internals, such as the
-broker's ``previous_seq`` or the raw sequencer stamp, are the SDK's business).
+broker's ``previous_seq`` or the raw sequencer stamp, are the SDK's business). Without
+``__slots__``: the subscriber builds each message straight into its ``__dict__``
+(:func:`sokutatsu.client._subscription.to_message`), several times cheaper than a frozen
+dataclass's ``__init__`` on the receiving hot path.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Message:
     """One message of a topic, as published.
 
@@ -29,7 +32,7 @@ class Message:
     persistent: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Stamp:
     """A message's place in a total-order topic: the ``seq``-th number of ``domain``'s sequencer
     under distribution ``distribution_id`` (``epoch``: the sequencer's term)."""
@@ -40,7 +43,7 @@ class Stamp:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class OrderedMessage(Message):
     """A message of a total-order topic, with the stamp that placed it in the order every ordered
     subscriber of the topic agrees on."""
