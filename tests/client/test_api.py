@@ -107,5 +107,5 @@ def test_configuration_reads_the_environment_only_when_asked(tmp_path: Path, mon
         ClientConfig.from_env()
     token = "t"  # noqa: S105 - a test value
     assert ClientConfig.from_env({"SOKUTATSU_AUTH_TOKEN": token, "SOKUTATSU_TLS_CA": ""}) == ClientConfig(token=token)
-    with pytest.raises(ConfigError, match="^SOKUTATSU_TLS_CERT is set but SOKUTATSU_TLS_KEY is not"):
+    with pytest.raises(ConfigError, match=r"^SOKUTATSU_TLS_CERT is set but SOKUTATSU_TLS_KEY is not"):
         ClientConfig.from_env({"SOKUTATSU_TLS_CERT": str(tmp_path / "c.pem")})
