@@ -314,7 +314,7 @@ async def _subscriptions(address: str) -> set[str]:
 
 
 async def _create_on(address: str, subscriber_id: str) -> None:
-    spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate").subscription
+    spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate")._subscription  # the wire message
     async with open_channel(address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
             broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10

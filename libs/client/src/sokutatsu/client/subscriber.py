@@ -102,7 +102,7 @@ class Subscriber:
             raise ValueError("flow_threshold must be in (0, 1]")
         self.addresses = addresses
         self.config = config or ClientConfig()
-        self.subscription = subscription_message(
+        self._subscription = subscription_message(
             subscriber_id,
             topic,
             keys=keys,
@@ -155,10 +155,10 @@ class Subscriber:
         if tracing_on():
             from sokutatsu.client._spans import ProcessSpans  # noqa: PLC0415 - OpenTelemetry only when tracing
 
-            self._spans = ProcessSpans(self.subscription.subscriber_id, self.subscription.topic)
-        if self.subscription.durable:
+            self._spans = ProcessSpans(self._subscription.subscriber_id, self._subscription.topic)
+        if self._subscription.durable:
             await self._create_subscription()
-        self._task = asyncio.create_task(self._run(), name=f"subscribe-{self.subscription.subscriber_id}")
+        self._task = asyncio.create_task(self._run(), name=f"subscribe-{self._subscription.subscriber_id}")
         self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
 
     async def _create_subscription(self) -> None:
@@ -170,7 +170,7 @@ class Subscriber:
                 stub = broker_pb2_grpc.BrokerAdminStub(channel)
                 try:
                     await stub.CreateSubscription(
-                        broker_pb2.CreateSubscriptionRequest(subscription=self.subscription), timeout=10
+                        broker_pb2.CreateSubscriptionRequest(subscription=self._subscription), timeout=10
                     )
                 except aio.AioRpcError as exc:
                     if exc.code() not in RECONNECT_CODES:
@@ -220,6 +220,14 @@ class Subscriber:
             await call.code()
 
     @property
+    def subscriber_id(self) -> str:
+        return self._subscription.subscriber_id
+
+    @property
+    def topic(self) -> str:
+        return self._subscription.topic
+
+    @property
     def position(self) -> dict[str, int]:
         """Per publisher, the last sequence number the application has processed."""
         return dict(self._processed)
@@ -229,7 +237,7 @@ class Subscriber:
         return self
 
     async def __anext__(self) -> Message:
-        return to_message(await self._next_raw(), self.subscription.topic)
+        return to_message(await self._next_raw(), self._subscription.topic)
 
     async def _next_raw(self) -> broker_pb2.Message:
         """The next message as the broker sent it (the ordered subscriber reads its stamp)."""
@@ -309,7 +317,7 @@ class Subscriber:
     def _created_elsewhere(self, error: aio.AioRpcError) -> bool:
         """Whether ``error`` is a NOT_FOUND for the durable subscription this SDK created,
         within the grace its pair needs to copy it from the broker that has it."""
-        if error.code() != grpc.StatusCode.NOT_FOUND or not self.subscription.durable:
+        if error.code() != grpc.StatusCode.NOT_FOUND or not self._subscription.durable:
             return False
         now = asyncio.get_running_loop().time()
         if self._missing_since is None:
@@ -331,7 +339,7 @@ class Subscriber:
                 call,
                 broker_pb2.SubscribeRequest(
                     open=broker_pb2.SubscribeOpen(
-                        subscription=self.subscription,
+                        subscription=self._subscription,
                         position=broker_pb2.Position(last_seq=self._received),
                         credits=credits,
                     )
