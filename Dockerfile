@@ -36,6 +36,7 @@ WORKDIR /src
 
 # 1. Third-party dependencies only: this layer is rebuilt when uv.lock or a pyproject.toml changes.
 COPY pyproject.toml uv.lock .python-version ./
+COPY libs/client/pyproject.toml libs/client/README.md libs/client/
 COPY libs/core/pyproject.toml libs/core/
 COPY libs/cli/pyproject.toml libs/cli/
 COPY services/broker/pyproject.toml services/broker/

@@ -32,7 +32,7 @@ from typing import Any
 from compose_check_spans import span_report
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.client import OrderedPublisher, OrderedSubscriber, Publisher, Subscriber
+from sokutatsu.client import Message, OrderedMessage, OrderedPublisher, OrderedSubscriber, Publisher, Subscriber
 from sokutatsu.core.health import check as grpc_health
 from sokutatsu.core.telemetry import Telemetry, setup_telemetry
 from sokutatsu.core.tls import open_channel
@@ -198,7 +198,7 @@ async def check_pair() -> str:
     )
 
 
-async def _receive(subscriber: Subscriber | OrderedSubscriber, count: int, into: list[broker_pb2.Message]) -> None:
+async def _receive(subscriber: Subscriber | OrderedSubscriber, count: int, into: list[Message]) -> None:
     async def take() -> None:
         async for message in subscriber:
             into.append(message)
@@ -209,7 +209,7 @@ async def _receive(subscriber: Subscriber | OrderedSubscriber, count: int, into:
         await asyncio.wait_for(take(), DELIVERY_LIMIT)
 
 
-def _audit(messages: list[broker_pb2.Message], publisher: str, sent: int) -> tuple[int, int, bool]:
+def _audit(messages: list[Message], publisher: str, sent: int) -> tuple[int, int, bool]:
     """(lost, duplicates, in order) of ``publisher``'s numbers 1..sent among ``messages``."""
     seqs = [m.publisher_seq for m in messages if m.publisher_id == publisher]
     counts = Counter(seqs)
@@ -220,7 +220,7 @@ def _audit(messages: list[broker_pb2.Message], publisher: str, sent: int) -> tup
 
 async def check_pubsub() -> str:
     topic, publisher_id = "compose-check", "compose-check-pub"
-    received: list[broker_pb2.Message] = []
+    received: list[Message] = []
     async with Subscriber(BROKERS, "compose-check-desk", topic, durable=True) as subscriber:
         receiving = asyncio.create_task(_receive(subscriber, PUBSUB_MESSAGES, received))
         async with Publisher(BROKERS, publisher_id) as publisher:
@@ -242,7 +242,7 @@ async def check_pubsub() -> str:
 async def check_ordered() -> str:
     topic = "ordered"
     total = 2 * ORDERED_PER_DOMAIN
-    seen: list[list[broker_pb2.Message]] = [[], []]
+    seen: list[list[Message]] = [[], []]
     async with (
         OrderedSubscriber(BROKERS, "compose-check-ordered-1", topic) as first,
         OrderedSubscriber(BROKERS, "compose-check-ordered-2", topic) as second,
@@ -270,8 +270,11 @@ async def check_ordered() -> str:
                 problems.append(f"subscriber {n}: domain {domain} out of its publish order")
     if orders[0] != orders[1]:
         problems.append("the two ordered subscribers disagree on the order")
-    stamps = {(m.stamp.domain, m.stamp.seq) for m in seen[0]}
-    if len(stamps) != len(seen[0]):
+    stamped = [m for m in seen[0] if isinstance(m, OrderedMessage)]
+    if len(stamped) != len(seen[0]):
+        problems.append("an ordered subscriber delivered a message without its stamp")
+    stamps = {(m.stamp.domain, m.stamp.seq) for m in stamped}
+    if len(stamps) != len(stamped):
         problems.append("a stamp was given twice")
     if problems:
         raise CheckFailed("; ".join(problems))
@@ -318,7 +321,7 @@ async def check_failover(killed: list[str]) -> str:
     topic, publisher_id = "compose-check-failover", "compose-check-failover-pub"
     before = roles(await monitor_status())
     active = next(broker for broker, role in before.items() if role == "ACTIVE")
-    received: list[broker_pb2.Message] = []
+    received: list[Message] = []
     async with Subscriber(BROKERS, "compose-check-failover-desk", topic, durable=True) as subscriber:
         receiving = asyncio.create_task(_receive(subscriber, FAILOVER_MESSAGES, received))
         async with Publisher(BROKERS, publisher_id) as publisher:

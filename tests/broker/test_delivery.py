@@ -10,7 +10,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import Message, Publisher, Subscriber
 from tests.broker.fix_broker import BrokerProcess, subscriber_stats, until
 from tests.broker.raw import batch, message, open_publish, publish
 
@@ -29,8 +29,13 @@ async def _publish(address: str, publisher_id: str, count: int, *, topic: str = 
         await pub.flush()
 
 
-async def _take(sub: Subscriber, count: int) -> list[broker_pb2.Message]:
-    got: list[broker_pb2.Message] = []
+async def _take_wire(sub: Subscriber, count: int) -> list[broker_pb2.Message]:
+    """The broker's own messages (with previous_seq, which the SDK's Message keeps to itself)."""
+    return [await sub._next_raw() for _ in range(count)]
+
+
+async def _take(sub: Subscriber, count: int) -> list[Message]:
+    got: list[Message] = []
     async for delivered in sub:
         got.append(delivered)
         if len(got) == count:
@@ -38,7 +43,7 @@ async def _take(sub: Subscriber, count: int) -> list[broker_pb2.Message]:
     return got
 
 
-def _check_exactly_once_in_order(messages: list[broker_pb2.Message], expected: dict[str, int]) -> None:
+def _check_exactly_once_in_order(messages: list[Message], expected: dict[str, int]) -> None:
     per_publisher: dict[str, list[int]] = defaultdict(list)
     for m in messages:
         per_publisher[m.publisher_id].append(m.publisher_seq)
@@ -51,7 +56,7 @@ def _check_exactly_once_in_order(messages: list[broker_pb2.Message], expected: d
 async def test_exactly_once_in_order_across_subscriber_reconnects(broker: BrokerProcess) -> None:
     """Two publishers; the subscriber leaves three times and resumes from its position."""
     total = {"pub-a": 3000, "pub-b": 3000}
-    received: list[broker_pb2.Message] = []
+    received: list[Message] = []
     position: dict[str, int] = {}
     async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
         await asyncio.wait_for(sub.connected.wait(), 10)
@@ -86,7 +91,7 @@ async def test_key_filters_deliver_exactly_the_matching_keys(broker: BrokerProce
             await asyncio.wait_for(sub.connected.wait(), 10)
         await _publish(broker.address, "feed", 500, keys=50)
         all_msgs = await _take(everything, 500)
-        exact_msgs = await _take(exact, 20)
+        exact_msgs = await _take_wire(exact, 20)
         prefix_msgs = await _take(prefix, 100)
         assert {m.key for m in exact_msgs} == {"K001", "K007"}
         assert {m.key for m in prefix_msgs} == {f"K01{d}" for d in range(10)}

@@ -16,7 +16,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client import BufferFull, Publisher, Subscriber
+from sokutatsu.client import BufferFull, Message, Publisher, Subscriber
 from sokutatsu.core.tls import open_channel
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 
@@ -96,7 +96,7 @@ class Consumer:
     def __init__(self, pair: Pair, subscriber_id: str, count: int, *, budget: int = 0) -> None:
         self.sub = Subscriber(pair.addresses, subscriber_id, TOPIC, durable=True, mode="migrate", memory_budget=budget)
         self.count = count
-        self.got: list[broker_pb2.Message] = []
+        self.got: list[Message] = []
         self.brokers: list[str] = []
         self.delay = 0.0
 
@@ -314,7 +314,7 @@ async def _subscriptions(address: str) -> set[str]:
 
 
 async def _create_on(address: str, subscriber_id: str) -> None:
-    spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate").subscription
+    spec = Subscriber([address], subscriber_id, TOPIC, durable=True, mode="migrate")._subscription  # the wire message
     async with open_channel(address, cluster=True) as channel:
         await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
             broker_pb2.CreateSubscriptionRequest(subscription=spec), timeout=10

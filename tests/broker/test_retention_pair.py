@@ -80,7 +80,7 @@ async def test_an_expired_subscription_is_deleted_on_both_brokers(
     """Nobody attaches to a durable subscription: the broker that serves it expires it and the
     peer, whose copy is a shadow (never attached there either way), deletes it when told."""
     pair = await pair_factory(subscription_expiry="2s")
-    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True).subscription
+    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True)._subscription  # the wire message
     for address in pair.addresses:
         async with aio.insecure_channel(address) as channel:
             await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(
@@ -104,7 +104,7 @@ async def test_a_subscription_created_again_on_one_broker_after_it_expired_is_he
     client created it again and the call reached one broker only, the other never took it from that
     broker's list: a single copy, lost with its broker. Now a whole list without the name clears it."""
     pair = await pair_factory(subscription_expiry="3s")
-    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True).subscription
+    spec = Subscriber(pair.addresses, "idle", TOPIC, durable=True)._subscription
     for address in pair.addresses:
         async with aio.insecure_channel(address) as channel:
             await broker_pb2_grpc.BrokerAdminStub(channel).CreateSubscription(

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from sokutatsu.client._tracing import _parse
+from sokutatsu.client._spans import _parse
 from tests.broker.fix_broker import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sokutatsu.cli.certs import Issued, issue, make_ca, write, write_set
-from sokutatsu.core.tls import ChannelTls, ServerTls
+from sokutatsu.client import ChannelTls
+from sokutatsu.core.tls import ServerTls
 
 HOSTS = ["127.0.0.1", "localhost"]
 

@@ -26,7 +26,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client import BrokerError, Publisher, Subscriber
+from sokutatsu.client import BrokerError, ClientConfig, Publisher, Subscriber
 from sokutatsu.core.auth import ADMIN, DEQUEUE, ENQUEUE, PUBLISH, SERVICE, SUBSCRIBE
 from sokutatsu.core.auth_rules import RULES
 from sokutatsu.core.server import ServiceContext
@@ -365,8 +365,10 @@ async def test_a_pair_and_its_monitor_work_with_auth_on_and_refuse_others(
 
     app = auth_file.tokens["app"]
     async with (
-        Subscriber(a.address, "app-1", "t.prices", durable=True, mode="migrate", token=app) as subscriber,
-        Publisher(a.address, "app-pub", token=app) as publisher,
+        Subscriber(
+            a.address, "app-1", "t.prices", durable=True, mode="migrate", config=ClientConfig(token=app)
+        ) as subscriber,
+        Publisher(a.address, "app-pub", config=ClientConfig(token=app)) as publisher,
     ):
         await publisher.publish("t.prices", "k", b"one")
         await publisher.flush()
@@ -420,7 +422,7 @@ async def test_a_pair_and_its_monitor_work_with_auth_on_and_refuse_others(
         assert stats.auth_refusals == 2, stats  # the Subscribe as app-1 and the GetStats without a token
     # The SDK with a wrong token: the broker's refusal, as the SDK's one error type.
     with pytest.raises(BrokerError) as sdk_refused:
-        async with Publisher(a.address, "app-pub-2", token=app[::-1]):  # a token nobody has
+        async with Publisher(a.address, "app-pub-2", config=ClientConfig(token=app[::-1])):  # a token nobody has
             pass
     assert sdk_refused.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "sokutatsu auth token" in sdk_refused.value.detail

@@ -21,6 +21,7 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import ClientConfig
 from sokutatsu.core.cluster import control_metadata
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
@@ -62,9 +63,10 @@ async def test_total_order_across_sequencer_peers_with_auth_on(
 
     await until(heard, "the brokers of the pair to hear each other with auth on")
     group = sequencer_group(["a", "b"], pair.addresses, TOPIC)
-    async with ordered_group(pair, group, readers=2) as readers:
-        first = await _feed(group, pair, "a", "a0", 40, random.Random(1))  # noqa: S311
-        other = await _feed(group, pair, "b", "b0", 40, random.Random(2))  # noqa: S311
+    config = ClientConfig.from_env()  # the SDK reads the environment only when asked to
+    async with ordered_group(pair, group, readers=2, config=config) as readers:
+        first = await _feed(group, pair, "a", "a0", 40, random.Random(1), config=config)  # noqa: S311
+        other = await _feed(group, pair, "b", "b0", 40, random.Random(2), config=config)  # noqa: S311
         await _wait_all(readers, 80, group)
         status = await _status(group["a"].address)
         assert status.leader

@@ -94,7 +94,8 @@ ALSO_DOCUMENTED = {"monitor": {grpc.StatusCode.UNAVAILABLE}, "sequencer": {grpc.
 # The client cancelled a stream that stayed open (see the module docstring).
 LEFT_OPEN = "left open"
 
-PROTO_PACKAGES = Path(__file__).parents[2] / "libs" / "core" / "src" / "sokutatsu"
+# make protos writes the APIs the SDK speaks to libs/client, the others to libs/core.
+PROTO_PACKAGES = [Path(__file__).parents[2] / "libs" / lib / "src" / "sokutatsu" for lib in ("client", "core")]
 
 # Which process serves each service (a new service fails test_every_service_is_fuzzed until added).
 SERVED_BY = {
@@ -118,8 +119,8 @@ FRAME_LIMIT = {"SOKUTATSU_MAX_FRAME_BYTES": "4MiB"}
 def _proto_files() -> list[FileDescriptor]:
     """Every generated ``*_pb2`` module's file descriptor, found on disk."""
     files = []
-    for module in sorted(PROTO_PACKAGES.glob("*/v1/*_pb2.py")):
-        name = ".".join(module.relative_to(PROTO_PACKAGES.parent).with_suffix("").parts)
+    for module in sorted(m for packages in PROTO_PACKAGES for m in packages.glob("*/v1/*_pb2.py")):
+        name = ".".join(module.relative_to(module.parents[3]).with_suffix("").parts)
         files.append(importlib.import_module(name).DESCRIPTOR)
     return files
 

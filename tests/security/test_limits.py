@@ -19,7 +19,7 @@ from grpc import aio
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import ClientConfig, Publisher, Subscriber, Unreachable
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
 from sokutatsu.core.server import ServiceContext, serve
 from sokutatsu.core.tls import open_channel
@@ -369,8 +369,8 @@ async def test_with_auth_a_client_is_the_principal_and_service_principals_are_no
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "principal app already holds 1" in (error.details() or "")
         # The SDK's Publisher of that principal cannot open its stream: start() says why.
-        with pytest.raises(ConnectionError, match=r"RESOURCE_EXHAUSTED.*SOKUTATSU_BROKER_MAX_STREAMS_PER_CLIENT"):
-            async with Publisher(broker.address, "app-sdk", token=app, connect_timeout=2):
+        with pytest.raises(Unreachable, match=r"RESOURCE_EXHAUSTED.*SOKUTATSU_BROKER_MAX_STREAMS_PER_CLIENT"):
+            async with Publisher(broker.address, "app-sdk", config=ClientConfig(token=app), connect_timeout=2):
                 pass
         # Another principal is another client.
         async with connection(broker.address, auth_file.tokens["other"]) as other:

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import ClientConfig, Publisher, Subscriber, Unreachable
 from sokutatsu.core.health import check
 from sokutatsu.core.tls import is_loopback, open_channel
 from tests.broker.fix_broker import BrokerProcess
@@ -61,9 +61,9 @@ def mtls_broker(tmp_path: Path, certs: Certs, clean_env: pytest.MonkeyPatch) -> 
 
 async def test_sdk_publishes_and_receives_over_mtls(mtls_broker: BrokerProcess, certs: Certs) -> None:
     tls = certs.client_tls(client=certs.client)
-    async with Subscriber(mtls_broker.address, "tls-sub", "ticks", tls=tls) as subscriber:
+    async with Subscriber(mtls_broker.address, "tls-sub", "ticks", config=ClientConfig(tls=tls)) as subscriber:
         await asyncio.wait_for(subscriber.connected.wait(), LIMIT_SECONDS)
-        async with Publisher(mtls_broker.address, "tls-pub", tls=tls) as publisher:
+        async with Publisher(mtls_broker.address, "tls-pub", config=ClientConfig(tls=tls)) as publisher:
             seq = await asyncio.wait_for(publisher.publish("ticks", "7203.T", b"over TLS"), LIMIT_SECONDS)
         message = await asyncio.wait_for(anext(subscriber), LIMIT_SECONDS)
     assert (message.publisher_id, message.publisher_seq, message.key, message.body) == (
@@ -89,12 +89,16 @@ async def test_mtls_broker_refuses_plaintext_and_certificateless_clients(
 async def test_clients_take_tls_from_the_environment(
     mtls_broker: BrokerProcess, certs: Certs, clean_env: pytest.MonkeyPatch
 ) -> None:
-    """open_channel without tls= (the health check, the CLI, the services' own links) reads SOKUTATSU_TLS_*."""
+    """open_channel without tls= (the health check, the CLI, the services' own links) reads SOKUTATSU_TLS_*;
+    the SDK reads it only when asked to (ClientConfig.from_env())."""
     assert await check(mtls_broker.address) == "UNREACHABLE"  # plaintext: no handshake
     for name, value in _tls_env(certs).items():
         clean_env.setenv(name, value)  # the broker's own files: its certificate is a client certificate too
     assert await check(mtls_broker.address) == "SERVING"
-    async with Publisher(mtls_broker.address, "env-pub") as publisher:
+    with pytest.raises(Unreachable):  # ClientConfig() is plaintext, whatever the environment says
+        async with Publisher(mtls_broker.address, "plain-pub", connect_timeout=2):
+            pass
+    async with Publisher(mtls_broker.address, "env-pub", config=ClientConfig.from_env()) as publisher:
         assert await asyncio.wait_for(publisher.publish("ticks", "k", b"x"), LIMIT_SECONDS) == 1
 
 

@@ -17,9 +17,10 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sokutatsu.client import ChannelTls
 from sokutatsu.core.server import ServiceContext
 from sokutatsu.core.settings import SettingsError
-from sokutatsu.core.tls import ChannelTls, ServerTls, client_tls, open_channel, server_tls
+from sokutatsu.core.tls import ServerTls, client_tls, open_channel, server_tls
 from tests.helpers import served
 from tests.security.fix_tls import Certs
 

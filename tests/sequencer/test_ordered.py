@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from sokutatsu.client import OrderedPublisher, OrderedSubscriber, Publisher
+from sokutatsu.client import ClientConfig, OrderedPublisher, OrderedSubscriber, Publisher
 from sokutatsu.ordering import OrderingError
 from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
@@ -29,8 +29,8 @@ TOPIC = "orders"
 class Reader:
     """An OrderedSubscriber read into a list until it holds ``expected`` data messages."""
 
-    def __init__(self, pair: Pair, name: str) -> None:
-        self.sub = OrderedSubscriber(pair.addresses, name, TOPIC)
+    def __init__(self, pair: Pair, name: str, config: ClientConfig | None = None) -> None:
+        self.sub = OrderedSubscriber(pair.addresses, name, TOPIC, config=config)
         self.got: list[tuple[str, int]] = []
         self.expected = -1  # set by _wait_all
         self.done = asyncio.Event()
@@ -45,11 +45,11 @@ class Reader:
 
 @contextlib.asynccontextmanager
 async def ordered_group(
-    pair: Pair, group: dict[str, SequencerProcess], readers: int = 3
+    pair: Pair, group: dict[str, SequencerProcess], readers: int = 3, *, config: ClientConfig | None = None
 ) -> AsyncIterator[list[Reader]]:
     """Topic and subscriptions first (they must see the first distribution), then the sequencers."""
     await create_total_order_topic(pair.addresses, TOPIC)
-    subs = [Reader(pair, f"reader-{i}") for i in range(readers)]
+    subs = [Reader(pair, f"reader-{i}", config) for i in range(readers)]
     for r in subs:
         await r.sub.start()
     for process in reversed(list(group.values())):  # the leader (first) last: its peers answer at once
@@ -77,10 +77,13 @@ async def _feed(  # noqa: PLR0917 - test helper: who publishes, where, how many,
     rng: random.Random,
     *,
     pause: Callable[[int], Awaitable[None]] | None = None,
+    config: ClientConfig | None = None,
 ) -> list[int]:
     """Publish ``count`` messages at a random pace in random batch sizes; return their numbers."""
     numbers: list[int] = []
-    async with OrderedPublisher(group[domain].address, pair.addresses, TOPIC, domain=domain, client_id=name) as pub:
+    async with OrderedPublisher(
+        group[domain].address, pair.addresses, TOPIC, domain=domain, client_id=name, config=config
+    ) as pub:
         sent = 0
         while sent < count:
             n = min(count - sent, rng.randrange(1, 60))
@@ -91,7 +94,7 @@ async def _feed(  # noqa: PLR0917 - test helper: who publishes, where, how many,
                 raise AssertionError(
                     f"{name}: {n} messages not acknowledged; queue {len(pub._queue)}, acks {len(pub._acks)}, "
                     f"ranges {pub.ranges}, failure {pub._failure!r}, stamping task {_task_state(pub._task)}, "
-                    f"publisher acked {pub.publisher._acked} "
+                    f"publisher acked {pub.publisher.acked_seq} "
                     f"of {pub.publisher.last_seq}"
                 ) from None
             numbers.extend(stamp.seq for stamp in stamps)
@@ -339,7 +342,8 @@ async def test_the_subscriber_refuses_a_stamp_it_cannot_order(
         # A hand-made stamp with a distribution id no leader announced.
         bogus = stamp_pb2.Stamp(distribution_id=99, domain="a", epoch=1, seq=1, kind=stamp_pb2.STAMP_KIND_DATA)
         async with Publisher(pair.addresses, "forger") as pub:
-            await pub.publish(TOPIC, "k", b"forged", stamp=bogus.SerializeToString())
+            seq = pub._enqueue(TOPIC, "k", b"forged", None, True, bogus.SerializeToString())  # the SDK's stamped path
+            await pub.wait_acked(seq)
         assert reader.task is not None
         with pytest.raises(OrderingError, match="distribution id 99"):
             await asyncio.wait_for(reader.task, 60)

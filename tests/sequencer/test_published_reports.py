@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from grpc import aio
 
-from sokutatsu.client import OrderedPublisher, _retry, ordered
+from sokutatsu.client import OrderedPublisher, _retry, ordered_publisher
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 from tests.broker.fix_broker import Pair, until
 from tests.sequencer.fix_sequencer import GroupFactory, SequencerProcess
@@ -89,7 +89,7 @@ async def test_a_report_lost_with_a_broken_stream_is_sent_again_on_the_next_one(
             call.cancel()
         await real_write(call, frame)
 
-    monkeypatch.setattr(ordered, "write_frame", break_first_report)
+    monkeypatch.setattr(ordered_publisher, "write_frame", break_first_report)
     pair = await pair_factory()
     group = sequencer_group(["a"], pair.addresses, TOPIC)
     async with ordered_group(pair, group, readers=1) as readers:

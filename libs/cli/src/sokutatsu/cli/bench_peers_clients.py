@@ -99,16 +99,26 @@ class SokutatsuPeer:
     @contextlib.asynccontextmanager
     async def sender(self) -> AsyncIterator[Sender]:
         from sokutatsu.client import Publisher  # noqa: PLC0415 - each peer imports only its own client
+        from sokutatsu.core.tls import client_config  # noqa: PLC0415
 
-        async with Publisher(self.addresses, "bench-peers", max_pending=WINDOW, ack_timeout=120) as pub:
+        async with Publisher(
+            self.addresses, "bench-peers", max_pending=WINDOW, ack_timeout=120, config=client_config()
+        ) as pub:
             yield _SokutatsuSender(pub, self.topic)
 
     @contextlib.asynccontextmanager
     async def consume(self, consumer: str) -> AsyncIterator[AsyncIterator[bytes]]:
         from sokutatsu.client import Subscriber  # noqa: PLC0415
+        from sokutatsu.core.tls import client_config  # noqa: PLC0415
 
         async with Subscriber(
-            self.addresses, consumer, self.topic, durable=True, mode="migrate", memory_budget=self.budget
+            self.addresses,
+            consumer,
+            self.topic,
+            durable=True,
+            mode="migrate",
+            memory_budget=self.budget,
+            config=client_config(),
         ) as sub:
             await asyncio.wait_for(sub.connected.wait(), 30)
 

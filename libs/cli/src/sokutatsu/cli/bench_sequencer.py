@@ -43,11 +43,11 @@ from sokutatsu.cli.bench_common import (
     steal_percent,
     tell,
 )
-from sokutatsu.client import OrderedPublisher, OrderedSubscriber
+from sokutatsu.client import OrderedPublisher, OrderedSubscriber, Stamp
 from sokutatsu.core.embedded_pg import free_port
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.sequencer.server import create_total_order_topic
-from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
+from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 
 READY = "ready"
 TOPIC = "bench-ordered"
@@ -266,13 +266,13 @@ async def measure_ordered(cfg: SequencerBenchConfig, folder: Path) -> dict[str, 
 async def publish_main(sequencer: str, brokers: str, domain: str, count: int, size: int) -> dict[str, Any]:
     body = b"x" * size
     async with OrderedPublisher(
-        sequencer, brokers.split(","), TOPIC, domain=domain, client_id=f"bench-{domain}"
+        sequencer, brokers.split(","), TOPIC, domain=domain, client_id=f"bench-{domain}", config=client_config()
     ) as pub:
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process
         async for word in stdin_words():
             if word == "go":
                 break
-        last: asyncio.Future[stamp_pb2.Stamp] | None = None
+        last: asyncio.Future[Stamp] | None = None
         for i in range(count):
             last = pub.publish_nowait(f"{domain}{i % 100}", body)
             if i % 1000 == 999:
@@ -287,7 +287,7 @@ async def read_main(brokers: str, name: str, count: int) -> dict[str, Any]:
     domains: list[str] = []
     seqs: list[int] = []
     first_ns = done_ns = 0
-    async with OrderedSubscriber(brokers.split(","), name, TOPIC) as reader:
+    async with OrderedSubscriber(brokers.split(","), name, TOPIC, config=client_config()) as reader:
         await asyncio.wait_for(reader.subscriber.connected.wait(), 30)
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process
         async for message in reader:

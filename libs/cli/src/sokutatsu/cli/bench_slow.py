@@ -42,7 +42,7 @@ from sokutatsu.cli.bench_common import (
     tell,
 )
 from sokutatsu.client import BufferFull, Publisher
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "ticks"
@@ -120,7 +120,7 @@ async def _publish(addresses: Sequence[str], size: int, rate: int, count: int, s
     """Publish ``count`` messages at ``rate``; returns the wall-clock ns at which ``slow_at`` s passed."""
     body = b"x" * size
     slow_ns = 0
-    async with Publisher(list(addresses), f"feed-{size}", ack_timeout=120) as pub:
+    async with Publisher(list(addresses), f"feed-{size}", ack_timeout=120, config=client_config()) as pub:
         start = time.perf_counter()
         sent = 0
         while sent < count:

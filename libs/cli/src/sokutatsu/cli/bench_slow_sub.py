@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.client import Subscriber
+from sokutatsu.core.tls import client_config
 
 READY = "ready"
 
@@ -53,6 +54,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         mode=overflow,
         memory_budget=int(budget),
         on_gap="report",
+        config=client_config(),
     ) as sub:
         await asyncio.wait_for(sub.connected.wait(), 30)
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process

@@ -66,8 +66,8 @@ from sokutatsu.cli.bench_common import (
     tell,
     write_json,
 )
-from sokutatsu.client import BufferFull, Publisher, Subscriber
-from sokutatsu.core.tls import open_channel
+from sokutatsu.client import BufferFull, Message, Publisher, Subscriber
+from sokutatsu.core.tls import client_config, open_channel
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -120,7 +120,7 @@ class _Tally:
         self.published_ns = array.array("q")
         self.latency_ms = array.array("d")
 
-    def add(self, message: broker_pb2.Message, keep_latency: bool) -> None:
+    def add(self, message: Message, keep_latency: bool) -> None:
         now = time.time_ns()
         seq = message.publisher_seq
         self.received += 1
@@ -188,6 +188,7 @@ async def subscriber_main(argv: Sequence[str]) -> dict[str, Any]:
         retention_max_bytes=int(retention),
         on_gap="report",
         flow_limit=100 if role == "stalled" else 1000,
+        config=client_config(),
     ) as sub:
         await asyncio.wait_for(sub.connected.wait(), 30)
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process
@@ -323,7 +324,7 @@ async def _publish(addresses: Sequence[str], cfg: SoakConfig, stop_at: float, se
     """Offer ``cfg.rate`` messages a second until ``stop_at`` (monotonic); every message acknowledged."""
     body = b"s" * cfg.size
     sent = behind = 0
-    async with Publisher(list(addresses), "soak-feed", ack_timeout=120) as pub:
+    async with Publisher(list(addresses), "soak-feed", ack_timeout=120, config=client_config()) as pub:
         start = time.monotonic()
         next_mark = start + 60
         while (now := time.monotonic()) < stop_at:

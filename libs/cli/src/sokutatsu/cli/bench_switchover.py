@@ -23,7 +23,7 @@ from grpc import aio
 
 from sokutatsu.cli.bench_common import cpu_sample, machine, pair_with_monitor, percentile, steal_percent
 from sokutatsu.client import BufferFull, Publisher, Subscriber
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "switch-bench"
@@ -51,7 +51,7 @@ FULL = SwitchConfig(switches=60, rate=2000, pause=0.5)
 async def _publish(addresses: list[str], cfg: SwitchConfig, stop: asyncio.Event) -> int:
     body = b"x" * cfg.size
     sent = 0
-    async with Publisher(addresses, "bench-switch-pub") as pub:
+    async with Publisher(addresses, "bench-switch-pub", config=client_config()) as pub:
         start = time.perf_counter()
         while not stop.is_set():
             due = int((time.perf_counter() - start) * cfg.rate) + 1
@@ -86,7 +86,7 @@ async def _run(cfg: SwitchConfig, addresses: list[str], monitor_address: str) ->
     switches: list[monitor_pb2.Switchover] = []
     failures: list[str] = []
     stop = asyncio.Event()
-    sub = Subscriber(addresses, SUBSCRIBER, TOPIC, durable=True, mode="migrate")
+    sub = Subscriber(addresses, SUBSCRIBER, TOPIC, durable=True, mode="migrate", config=client_config())
     await sub.start()
     before = cpu_sample()
     try:

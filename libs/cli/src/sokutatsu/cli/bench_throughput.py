@@ -40,6 +40,7 @@ from sokutatsu.cli.bench_common import (
 )
 from sokutatsu.client import BufferFull, Publisher, Subscriber
 from sokutatsu.core.telemetry import setup_telemetry
+from sokutatsu.core.tls import client_config
 
 
 @dataclass
@@ -62,7 +63,7 @@ async def subscriber_main(address: str, topic: str, count: int) -> dict[str, Any
     latencies: list[float] = []
     trace_dir = os.environ.get("SOKUTATSU_TRACE_DIR")
     telemetry = setup_telemetry("bench", "subscriber", Path(trace_dir) if trace_dir else None)
-    async with Subscriber(address, f"bench-{topic}", topic) as sub:
+    async with Subscriber(address, f"bench-{topic}", topic, config=client_config()) as sub:
         await asyncio.wait_for(sub.connected.wait(), 10)
         print(SUBSCRIBER_READY, flush=True)  # noqa: T201 - protocol with the parent process
         received = 0
@@ -100,7 +101,10 @@ def subscriber_process(
 
 async def measure_throughput(address: str, cfg: ThroughputConfig) -> dict[str, Any]:
     body = b"x" * cfg.size
-    async with subscriber_process(address, "bench", cfg.messages) as sub, Publisher(address, "bench-pub") as pub:
+    async with (
+        subscriber_process(address, "bench", cfg.messages) as sub,
+        Publisher(address, "bench-pub", config=client_config()) as pub,
+    ):
         start_ns = time.time_ns()
         for i in range(cfg.messages):
             while True:
@@ -126,7 +130,10 @@ async def measure_throughput(address: str, cfg: ThroughputConfig) -> dict[str, A
 async def measure_latency(address: str, cfg: ThroughputConfig) -> dict[str, Any]:
     body = b"x" * cfg.size
     total = int(cfg.rate * cfg.seconds)
-    async with subscriber_process(address, "latency", total) as sub, Publisher(address, "lat-pub", linger=0) as pub:
+    async with (
+        subscriber_process(address, "latency", total) as sub,
+        Publisher(address, "lat-pub", linger=0, config=client_config()) as pub,
+    ):
         start = time.perf_counter()
         sent = 0
         while sent < total:

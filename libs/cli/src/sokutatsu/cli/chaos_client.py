@@ -30,6 +30,7 @@ from grpc import aio
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.core.tls import client_config
 
 READY = "ready"
 FLUSH_SECONDS = 0.05
@@ -79,7 +80,14 @@ def _now() -> float:
 async def publisher(cfg: dict[str, Any], journal: Journal) -> None:
     rng = random.Random(f"{cfg['seed']}-{cfg['id']}-{os.getpid()}")  # noqa: S311 - sample data
     keys: list[str] = cfg["keys"]
-    pub = Publisher(cfg["brokers"], cfg["id"], max_pending=cfg["max_pending"], ack_timeout=3600.0, connect_timeout=60.0)
+    pub = Publisher(
+        cfg["brokers"],
+        cfg["id"],
+        max_pending=cfg["max_pending"],
+        ack_timeout=3600.0,
+        connect_timeout=60.0,
+        config=client_config(),
+    )
     await pub.start()
     journal.add({"e": "start", "t": _now(), "pid": os.getpid(), "first": pub.last_seq + 1})
     journal.flush()
@@ -176,6 +184,7 @@ class SubscriberProcess:
             flow_limit=int(self.cfg.get("flow_limit", 1000)),
             position=self.position or None,
             on_gap="report",
+            config=client_config(),
         )
         self.journal.add({"e": "open", "t": _now(), "position": self.position})
         await sub.start()

@@ -33,6 +33,7 @@ from sokutatsu.cli.launcher import Running, Suite
 from sokutatsu.cli.topology import ServiceProcess, suite
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
 from sokutatsu.core.embedded_pg import free_port
+from sokutatsu.core.tls import client_config
 
 TOPIC = "chaos-ordered"
 DOMAINS = ("a", "b", "c")
@@ -232,12 +233,14 @@ async def run_schedule(  # noqa: PLR0912, PLR0915 - one schedule from start to v
     stop = asyncio.Event()
     try:
         await group.start()
-        subs = [OrderedSubscriber(group.brokers, f"reader-{i}", TOPIC) for i in range(READERS)]
+        subs = [OrderedSubscriber(group.brokers, f"reader-{i}", TOPIC, config=client_config()) for i in range(READERS)]
         for sub in subs:
             await sub.start()
         readers = [asyncio.create_task(_read(s, into)) for s, into in zip(subs, clients.readers, strict=True)]
         pubs = [
-            OrderedPublisher(group.address(d), group.brokers, TOPIC, domain=d, client_id=f"pub-{d}{i}")
+            OrderedPublisher(
+                group.address(d), group.brokers, TOPIC, domain=d, client_id=f"pub-{d}{i}", config=client_config()
+            )
             for d in DOMAINS
             for i in range(PUBLISHERS_PER_DOMAIN)
         ]

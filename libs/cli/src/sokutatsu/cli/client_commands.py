@@ -16,7 +16,7 @@ from rich.table import Table
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import ClientError, Publisher, Subscriber
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.core.v1 import process_pb2, process_pb2_grpc
 
 console = Console(highlight=False, soft_wrap=True)
@@ -29,7 +29,7 @@ Brokers = Annotated[list[str], typer.Option("--broker", "-b", help="Broker host:
 def _run(coro: object) -> None:
     try:
         asyncio.run(coro)  # type: ignore[arg-type]
-    except (ClientError, ConnectionError) as exc:
+    except ClientError as exc:  # Unreachable included: no broker answered
         err.print(f"sokutatsu: error: {exc}", markup=False)
         raise typer.Exit(1) from None
     except aio.AioRpcError as exc:
@@ -52,7 +52,7 @@ def publish(
     """Publish one message (or each line of stdin) and wait for the acknowledgement."""
 
     async def main() -> None:
-        async with Publisher(broker, publisher_id) as pub:
+        async with Publisher(broker, publisher_id, config=client_config()) as pub:
             lines = [body] if body is not None else (line.rstrip("\n") for line in sys.stdin)
             count = 0
             for line in lines:
@@ -76,7 +76,9 @@ def subscribe(
     """Print messages as they arrive: publisher, seq, key, latency, body."""
 
     async def main() -> None:
-        async with Subscriber(broker, subscriber_id, topic, keys=key, prefixes=prefix, durable=durable) as sub:
+        async with Subscriber(
+            broker, subscriber_id, topic, keys=key, prefixes=prefix, durable=durable, config=client_config()
+        ) as sub:
             seen = 0
             async for m in sub:
                 latency = (time.time_ns() - m.publish_time_unix_nano) / 1e6

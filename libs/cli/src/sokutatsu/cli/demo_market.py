@@ -26,7 +26,7 @@ from typing import Any
 from sokutatsu.cli.bench_common import child_process, child_result, percentile, tell
 from sokutatsu.cli.bench_switchover import STEP_NAMES
 from sokutatsu.client import BufferFull, Publisher
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "ticks"
@@ -159,7 +159,7 @@ class Feed:
 
     async def run(self) -> None:
         prices = {s: 500.0 + self.rng.random() * 5000 for s in self.symbols}
-        async with Publisher(self.brokers, "feed", ack_timeout=120) as pub:
+        async with Publisher(self.brokers, "feed", ack_timeout=120, config=client_config()) as pub:
             start = time.perf_counter()
             while not self.stop.is_set():
                 due = int((time.perf_counter() - start) * self.rate) + 1

@@ -22,6 +22,7 @@ from typing import Any
 from sokutatsu.cli.bench_common import child_process, child_result, tell
 from sokutatsu.cli.demo_suite import ORDER_TOPIC
 from sokutatsu.client import OrderedPublisher
+from sokutatsu.core.tls import client_config
 from sokutatsu.sequencer.server import create_total_order_topic
 
 Progress = Callable[[str], None]
@@ -83,7 +84,9 @@ async def _desk(sequencer: str, brokers: list[str], domain: str, count: int, rng
     """One desk's orders in batches of 1-40 at a random pace; returns the numbers it was stamped."""
     numbers: list[int] = []
     desk = DESKS[domain]
-    async with OrderedPublisher(sequencer, brokers, ORDER_TOPIC, domain=domain, client_id=desk) as pub:
+    async with OrderedPublisher(
+        sequencer, brokers, ORDER_TOPIC, domain=domain, client_id=desk, config=client_config()
+    ) as pub:
         while len(numbers) < count:
             n = min(count - len(numbers), rng.randrange(1, 40))
             futures = []

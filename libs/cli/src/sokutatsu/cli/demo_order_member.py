@@ -24,6 +24,7 @@ from typing import Any
 from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.client import OrderedSubscriber
 from sokutatsu.core.telemetry import setup_telemetry
+from sokutatsu.core.tls import client_config
 
 CONNECT_LIMIT_SECONDS = 30.0
 END_LIMIT_SECONDS = 60.0
@@ -61,7 +62,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
                 finish.set()
                 return
 
-    sub = OrderedSubscriber(brokers, member, topic)
+    sub = OrderedSubscriber(brokers, member, topic, config=client_config())
     await sub.start()
     steering = asyncio.create_task(steer())
     try:

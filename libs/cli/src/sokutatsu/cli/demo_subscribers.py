@@ -30,6 +30,7 @@ from typing import Any, Literal
 from sokutatsu.cli.bench_common import stdin_words
 from sokutatsu.client import Subscriber
 from sokutatsu.core.telemetry import setup_telemetry
+from sokutatsu.core.tls import client_config
 
 READY = "ready"
 CONNECT_LIMIT_SECONDS = 30.0
@@ -75,6 +76,7 @@ def _subscriber(brokers: list[str], topic: str, spec: dict[str, Any]) -> Subscri
         mode=mode,
         memory_budget=int(spec.get("budget", 0)),
         on_gap="report",
+        config=client_config(),
     )
 
 

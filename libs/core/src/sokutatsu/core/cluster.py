@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
-from sokutatsu.core.auth_client import header_interceptors
+from sokutatsu.client._auth import header_interceptors
 from sokutatsu.core.auth_rules import is_control
 from sokutatsu.core.settings import Settings, SettingsError, load, parse_optional_path, setting
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import grpc
 
+from sokutatsu.client.errors import RETRYABLE_CODES
+
 
 class SokutatsuError(Exception):
     """Base of every domain error. ``code`` is the gRPC status it maps to."""
@@ -68,7 +70,8 @@ class StartupError(Exception):
     """A service cannot start; the message is one line for the operator."""
 
 
-RETRYABLE: frozenset[grpc.StatusCode] = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# What clients retry is the SDK's to say (sokutatsu.client.errors); the services' errors map onto it.
+RETRYABLE: frozenset[grpc.StatusCode] = RETRYABLE_CODES
 
 
 # The most characters (or bytes) of a client's value a message shows.

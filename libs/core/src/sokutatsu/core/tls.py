@@ -16,14 +16,15 @@ server accepts only on a loopback address (:func:`check_plaintext`).
 The files are read and checked once per distinct setting (a missing file, a key that
 does not match the certificate, a CA bundle with no certificate are one-line
 :class:`SettingsError` messages naming the variable); :func:`open_channel` is the one place
-that makes client channels.
+that makes the services' and the operator tools' client channels. The client side itself
+(:class:`~sokutatsu.client.ChannelTls`, reading and checking its files, the bearer token on a
+channel) is the SDK's (:mod:`sokutatsu.client.config`), which reads no environment on its own.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,8 +34,9 @@ from typing import Any, ClassVar
 import grpc
 from grpc import aio
 
+from sokutatsu.client.config import ChannelTls, ClientConfig, read_channel_tls
+from sokutatsu.client.errors import ConfigError
 from sokutatsu.core.auth import client_token
-from sokutatsu.core.auth_client import bearer_credentials, bearer_interceptors
 from sokutatsu.core.cluster import control_interceptors, load_secret
 from sokutatsu.core.settings import Settings, SettingsError, choice, load, parse_optional_path, setting
 
@@ -74,30 +76,6 @@ class TlsSettings(Settings):
 
 
 @dataclass(frozen=True)
-class ChannelTls:
-    """What a client channel verifies the server with, and the certificate it presents (mTLS).
-
-    ``root_certificates`` ``None`` means the system's roots. Make one from files with
-    :meth:`from_files`, or from the environment with :func:`client_tls`.
-    """
-
-    root_certificates: bytes | None = None
-    private_key: bytes | None = None
-    certificate_chain: bytes | None = None
-
-    @classmethod
-    def from_files(
-        cls, ca: str | Path | None, cert: str | Path | None = None, key: str | Path | None = None
-    ) -> ChannelTls:
-        """Read and check PEM files, as the environment's are (a :class:`SettingsError` if unusable)."""
-        ca_path, cert_path, key_path = (Path(p) if p is not None else None for p in (ca, cert, key))
-        return _client_tls(ca_path, cert_path, key_path, PREFIX)
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)
-
-
-@dataclass(frozen=True)
 class ServerTls:
     """What a server presents, and (mTLS) the CA its clients' certificates must chain to."""
 
@@ -114,71 +92,6 @@ class ServerTls:
         )
 
 
-# -------------------------------------------------------------------- reading --
-
-
-def _read(path: Path, var: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SettingsError(f"{var}={str(path)!r}: cannot read it: {exc.strerror}") from None
-    if b"-----BEGIN " not in data:
-        raise SettingsError(f"{var}={str(path)!r}: not a PEM file (no -----BEGIN line)")
-    return data
-
-
-def _check_pair(cert: Path, key: Path, prefix: str) -> None:
-    """The key must be the certificate's (what gRPC would otherwise report as a failed handshake)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(cert, key)
-    except ssl.SSLError as exc:
-        reason = exc.reason or str(exc)
-        if "KEY_VALUES_MISMATCH" in str(exc) or reason == "KEY_VALUES_MISMATCH":
-            raise SettingsError(
-                f"{prefix}KEY={str(key)!r} is not the private key of {prefix}CERT={str(cert)!r}"
-            ) from None
-        raise SettingsError(
-            f"{prefix}CERT={str(cert)!r} / {prefix}KEY={str(key)!r}: unusable certificate or key ({reason})"
-        ) from None
-
-
-def _check_ca(ca: Path, prefix: str) -> None:
-    try:
-        ssl.create_default_context(cafile=ca)
-    except ssl.SSLError as exc:
-        raise SettingsError(f"{prefix}CA={str(ca)!r}: not a CA bundle ({exc.reason or exc})") from None
-
-
-def _pair(cert: Path | None, key: Path | None, prefix: str) -> tuple[bytes, bytes] | None:
-    if cert is None and key is None:
-        return None
-    if cert is None or key is None:
-        given, missing = ("KEY", "CERT") if cert is None else ("CERT", "KEY")
-        raise SettingsError(f"{prefix}{given} is set but {prefix}{missing} is not: set both (or neither)")
-    chain, private = _read(cert, prefix + "CERT"), _read(key, prefix + "KEY")
-    _check_pair(cert, key, prefix)
-    return chain, private
-
-
-def _root(ca: Path | None, prefix: str) -> bytes | None:
-    if ca is None:
-        return None
-    data = _read(ca, prefix + "CA")
-    _check_ca(ca, prefix)
-    return data
-
-
-def _client_tls(ca: Path | None, cert: Path | None, key: Path | None, prefix: str) -> ChannelTls:
-    pair = _pair(cert, key, prefix)
-    root = _root(ca, prefix)
-    return ChannelTls(
-        root_certificates=root,
-        certificate_chain=pair[0] if pair else None,
-        private_key=pair[1] if pair else None,
-    )
-
-
 @lru_cache(maxsize=8)
 def _from_values(values: tuple[tuple[str, str], ...]) -> tuple[ChannelTls | None, ServerTls | None]:
     settings = load(TlsSettings, dict(values))
@@ -190,7 +103,10 @@ def _from_values(values: tuple[tuple[str, str], ...]) -> tuple[ChannelTls | None
             f"and {PREFIX}CA (what client certificates must be signed by)"
         )
     if settings.cert is not None or settings.key is not None or settings.ca is not None:
-        client = _client_tls(settings.ca, settings.cert, settings.key, PREFIX)
+        try:
+            client = read_channel_tls(settings.ca, settings.cert, settings.key, PREFIX)
+        except ConfigError as exc:
+            raise SettingsError(str(exc)) from None
     if client is not None and client.certificate_chain is not None and client.private_key is not None:
         server = ServerTls(
             private_key=client.private_key,
@@ -237,14 +153,7 @@ def open_channel(
     chosen = tls if tls is not None else client_tls()
     bearer = token if token is not None else client_token()
     interceptors = control_interceptors(load_secret(create=False)) if cluster else []
-    if chosen is None:
-        if bearer:
-            interceptors = [*bearer_interceptors(bearer), *interceptors]
-        return aio.insecure_channel(address, options=options, interceptors=interceptors or None)
-    credentials = chosen.credentials()
-    if bearer:
-        credentials = bearer_credentials(credentials, bearer)
-    return aio.secure_channel(address, credentials, options=options, interceptors=interceptors or None)
+    return ClientConfig(tls=chosen, token=bearer).channel(address, options=options, interceptors=interceptors)
 
 
 # --------------------------------------------------------------- plaintext -----
@@ -272,3 +181,10 @@ def check_plaintext(listen: str, listen_var: str, tls: ServerTls | None, allow_p
         f"{listen_var}={listen} is not a loopback address and TLS is off: set {PREFIX}CERT and {PREFIX}KEY "
         f"(docs/security.md), or {ALLOW_PLAINTEXT_VAR}=true to serve plaintext on a trusted network"
     )
+
+
+def client_config(environ: Mapping[str, str] | None = None) -> ClientConfig:
+    """The SDK's configuration for the services' and the ``sokutatsu`` command's own publishers and
+    subscribers: ``SOKUTATSU_TLS_*`` (checked as the services check them, :class:`SettingsError`)
+    and ``SOKUTATSU_AUTH_TOKEN``, as their other channels (:func:`open_channel`) take them."""
+    return ClientConfig(tls=client_tls(environ), token=client_token(environ))

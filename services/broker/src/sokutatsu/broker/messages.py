@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sokutatsu.client._wire import varint
 from sokutatsu.core.errors import InvalidArgument, echo
-from sokutatsu.core.wire import varint
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Keys: 1-256 characters, no whitespace or control characters (e.g. "7203.T", "fx/USDJPY").

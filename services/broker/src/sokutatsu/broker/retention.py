@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.core.wire import varint
+from sokutatsu.client._wire import varint
 
 BYTES = "bytes"
 AGE = "age"

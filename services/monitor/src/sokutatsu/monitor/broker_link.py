@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import propagate
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client._retry import Backoff  # the SDK's reconnect backoff (jittered exponential)
 from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.assignments import BrokerView
@@ -43,23 +43,6 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 CONTROL_TIMEOUT_SECONDS = 2.0
 BACKOFF_INITIAL_SECONDS = 0.05
 BACKOFF_MAX_SECONDS = 1.0
-
-
-class Backoff:
-    """Jittered exponential delays, reset after a success."""
-
-    def __init__(self, initial: float = BACKOFF_INITIAL_SECONDS, maximum: float = BACKOFF_MAX_SECONDS) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._attempt = 0
-
-    def reset(self) -> None:
-        self._attempt = 0
-
-    def next_delay(self) -> float:
-        base = min(self.maximum, self.initial * 2**self._attempt)
-        self._attempt += 1
-        return float(base / 2 + random.uniform(0, base / 2))  # noqa: S311 - jitter, not security
 
 
 def _metadata() -> tuple[tuple[str, str], ...]:
@@ -148,7 +131,7 @@ class BrokerLink:
             group.create_task(self._watch_health(), name=f"health-{self.broker_id}")
 
     async def _watch_stats(self) -> None:
-        backoff = Backoff()
+        backoff = Backoff(initial=BACKOFF_INITIAL_SECONDS, maximum=BACKOFF_MAX_SECONDS)
         request = broker_pb2.WatchStatsRequest(interval_ms=max(10, round(self.interval * 1000)))
         while True:
             stop_if_cancelled()

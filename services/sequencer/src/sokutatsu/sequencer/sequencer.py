@@ -38,7 +38,7 @@ from opentelemetry import trace
 from sokutatsu.client import Publisher
 from sokutatsu.core.errors import InvalidArgument, NotFound, Unavailable, echo
 from sokutatsu.core.shutdown import stop_if_cancelled
-from sokutatsu.core.tls import open_channel
+from sokutatsu.core.tls import client_config, open_channel
 from sokutatsu.ordering import Distribution, equal_weights, idle_deficit, share_deficit, weights_from_counts
 from sokutatsu.ordering.wire import distribution_from_message as to_distribution
 from sokutatsu.ordering.wire import distribution_message as to_message
@@ -135,7 +135,9 @@ class Sequencer:
                 self._set_distribution(message)
         if self.settings.brokers:
             self._publisher = Publisher(
-                list(self.settings.brokers), f"sequencer-{self.domain}-e{self.epoch}-{os.getpid()}"
+                list(self.settings.brokers),
+                f"sequencer-{self.domain}-e{self.epoch}-{os.getpid()}",
+                config=client_config(),
             )
             await self._publisher.start()
         log.info(
@@ -385,9 +387,17 @@ class Sequencer:
         self.journal.save_distribution(message.SerializeToString())
         if self._publisher is not None:
             stamp = stamp_pb2.Stamp(distribution_id=distribution.id, kind=stamp_pb2.STAMP_KIND_DISTRIBUTION)
-            await self._publisher.publish(
-                self.settings.topic, DISTRIBUTION_KEY, message.SerializeToString(), stamp=stamp.SerializeToString()
+            # Stamped messages go through the SDK's internal path (its public publish takes no stamp).
+            await self._publisher.wait_for_room()
+            seq = self._publisher._enqueue(
+                self.settings.topic,
+                DISTRIBUTION_KEY,
+                message.SerializeToString(),
+                None,
+                True,
+                stamp.SerializeToString(),
             )
+            await self._publisher.wait_acked(seq)
         request = sequencer_pb2.InstallDistributionRequest(distribution=message, leader=self.domain)
 
         async def install_on(peer_domain: str, address: str) -> None:
@@ -544,8 +554,8 @@ class Sequencer:
         assert self._publisher is not None  # noqa: S101 - callers return early without brokers
         last = 0
         for stamp in stamps:
-            last = self._publisher.publish_nowait(
-                self.settings.topic, self._filler_key, b"", stamp=stamp.SerializeToString()
+            last = self._publisher._enqueue(
+                self.settings.topic, self._filler_key, b"", None, True, stamp.SerializeToString()
             )
         await self._publisher.wait_acked(last)
 

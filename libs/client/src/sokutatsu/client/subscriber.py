@@ -1,7 +1,7 @@
 """``Subscriber``: receive a topic's messages exactly once, in per-publisher order.
 
     async with Subscriber("127.0.0.1:7201", "desk-1", "prices", prefixes=["72"], durable=True) as sub:
-        async for message in sub:          # a sokutatsu.broker.v1.Message
+        async for message in sub:          # a sokutatsu.client.Message
             handle(message)
 
 * Flow control (seed 003): the broker sends at most ``flow_limit`` messages
@@ -26,17 +26,22 @@ import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client._link import CHANNEL_OPTIONS
 from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise_status, reconnectable, write_frame
-from sokutatsu.client._tracing import ProcessSpans, tracing_on
-from sokutatsu.client.errors import BrokerError, GapError
-from sokutatsu.client.publisher import CHANNEL_OPTIONS
-from sokutatsu.core.tls import ChannelTls, open_channel
+from sokutatsu.client._subscription import Mode, Policy, find_gaps, subscription_message, to_message
+from sokutatsu.client._tracing import tracing_on
+from sokutatsu.client.config import ClientConfig
+from sokutatsu.client.errors import BrokerError, GapError, Unreachable
+from sokutatsu.client.structs import Message
+
+if TYPE_CHECKING:
+    from sokutatsu.client._spans import ProcessSpans
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +52,6 @@ FINAL_ACK_SECONDS = 2.0
 # reaches the other through the pair's own link within milliseconds; until then that
 # broker answers NOT_FOUND, which is retried this long before it is final.
 MISSING_GRACE_SECONDS = 5.0
-_MODES = {
-    None: broker_pb2.OVERFLOW_MODE_UNSPECIFIED,
-    "flow-to-disk": broker_pb2.OVERFLOW_MODE_FLOW_TO_DISK,
-    "migrate": broker_pb2.OVERFLOW_MODE_MIGRATE,
-}
-
-
-_POLICIES = {
-    None: broker_pb2.RETENTION_POLICY_UNSPECIFIED,
-    "drop_oldest": broker_pb2.RETENTION_POLICY_DROP_OLDEST,
-    "refuse_publish": broker_pb2.RETENTION_POLICY_REFUSE_PUBLISH,
-}
-
-
 _SubscribeCall = aio.StreamStreamCall[broker_pb2.SubscribeRequest, broker_pb2.SubscribeResponse]
 
 
@@ -74,6 +65,13 @@ class _Redirected(Exception):
 
 
 class Subscriber:
+    """Receive ``topic`` from the broker pair ``brokers`` as ``subscriber_id``; iterate for :class:`Message`.
+
+    ``keys``/``prefixes`` filter by key (none: every message); ``durable`` keeps the subscription
+    (and what it has not received) across disconnects; ``config``: TLS and token (default:
+    plaintext, none).
+    """
+
     def __init__(
         self,
         brokers: str | Sequence[str],
@@ -83,18 +81,17 @@ class Subscriber:
         keys: Sequence[str] = (),
         prefixes: Sequence[str] = (),
         durable: bool = False,
-        mode: Literal["flow-to-disk", "migrate"] | None = None,
+        mode: Mode | None = None,
         memory_budget: int = 0,
         retention_max_bytes: int = 0,
         retention_max_age: float = 0.0,
-        retention_policy: Literal["drop_oldest", "refuse_publish"] | None = None,
+        retention_policy: Policy | None = None,
         flow_limit: int = 1000,
         flow_threshold: float = 0.5,
         ack_interval: float = 0.05,
         position: Mapping[str, int] | None = None,
         on_gap: Literal["raise", "report"] = "raise",
-        tls: ChannelTls | None = None,
-        token: str | None = None,
+        config: ClientConfig | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -104,23 +101,18 @@ class Subscriber:
         if not 0 < flow_threshold <= 1:
             raise ValueError("flow_threshold must be in (0, 1]")
         self.addresses = addresses
-        # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
-        self.tls = tls
-        # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
-        self.token = token
-        self.subscription = broker_pb2.Subscription(
-            subscriber_id=subscriber_id,
-            topic=topic,
-            filter=broker_pb2.KeyFilter(exact_keys=list(keys), prefixes=list(prefixes)),
+        self.config = config or ClientConfig()
+        self._subscription = subscription_message(
+            subscriber_id,
+            topic,
+            keys=keys,
+            prefixes=prefixes,
             durable=durable,
-            overflow_mode=_MODES[mode],
-            memory_budget_bytes=memory_budget,
-            # A durable subscription's retention (0 / None = the broker's maximum and default policy).
-            retention=broker_pb2.Retention(
-                max_bytes=retention_max_bytes,
-                max_age_ms=round(retention_max_age * 1000),
-                policy=_POLICIES[retention_policy],
-            ),
+            mode=mode,
+            memory_budget=memory_budget,
+            retention_max_bytes=retention_max_bytes,
+            retention_max_age=retention_max_age,
+            retention_policy=retention_policy,
         )
         self.flow_limit = flow_limit
         self._grant_at = max(1, int(flow_limit * flow_threshold))
@@ -159,11 +151,14 @@ class Subscriber:
         await self.close()
 
     async def start(self) -> None:
+        """Create the durable subscription (:class:`Unreachable` when no broker answers) and start receiving."""
         if tracing_on():
-            self._spans = ProcessSpans(self.subscription.subscriber_id, self.subscription.topic)
-        if self.subscription.durable:
+            from sokutatsu.client._spans import ProcessSpans  # noqa: PLC0415 - OpenTelemetry only when tracing
+
+            self._spans = ProcessSpans(self._subscription.subscriber_id, self._subscription.topic)
+        if self._subscription.durable:
             await self._create_subscription()
-        self._task = asyncio.create_task(self._run(), name=f"subscribe-{self.subscription.subscriber_id}")
+        self._task = asyncio.create_task(self._run(), name=f"subscribe-{self._subscription.subscriber_id}")
         self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
 
     async def _create_subscription(self) -> None:
@@ -171,11 +166,11 @@ class Subscriber:
         created = 0
         last: Exception | None = None
         for address in self.addresses:
-            async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
+            async with self.config.channel(address, options=CHANNEL_OPTIONS) as channel:
                 stub = broker_pb2_grpc.BrokerAdminStub(channel)
                 try:
                     await stub.CreateSubscription(
-                        broker_pb2.CreateSubscriptionRequest(subscription=self.subscription), timeout=10
+                        broker_pb2.CreateSubscriptionRequest(subscription=self._subscription), timeout=10
                     )
                 except aio.AioRpcError as exc:
                     if exc.code() not in RECONNECT_CODES:
@@ -184,7 +179,7 @@ class Subscriber:
                 else:
                     created += 1
         if not created:
-            raise ConnectionError(f"no broker answered CreateSubscription: {last}")
+            raise Unreachable(f"no broker answered CreateSubscription: {last}")
 
     async def close(self) -> None:
         """Stop receiving. The last message handed out counts as processed and is acknowledged."""
@@ -225,6 +220,14 @@ class Subscriber:
             await call.code()
 
     @property
+    def subscriber_id(self) -> str:
+        return self._subscription.subscriber_id
+
+    @property
+    def topic(self) -> str:
+        return self._subscription.topic
+
+    @property
     def position(self) -> dict[str, int]:
         """Per publisher, the last sequence number the application has processed."""
         return dict(self._processed)
@@ -233,7 +236,11 @@ class Subscriber:
     def __aiter__(self) -> Subscriber:
         return self
 
-    async def __anext__(self) -> broker_pb2.Message:
+    async def __anext__(self) -> Message:
+        return to_message(await self._next_raw(), self._subscription.topic)
+
+    async def _next_raw(self) -> broker_pb2.Message:
+        """The next message as the broker sent it (the ordered subscriber reads its stamp)."""
         self._mark_processed()
         while not self._buffer:
             if self._failure is not None:
@@ -310,7 +317,7 @@ class Subscriber:
     def _created_elsewhere(self, error: aio.AioRpcError) -> bool:
         """Whether ``error`` is a NOT_FOUND for the durable subscription this SDK created,
         within the grace its pair needs to copy it from the broker that has it."""
-        if error.code() != grpc.StatusCode.NOT_FOUND or not self.subscription.durable:
+        if error.code() != grpc.StatusCode.NOT_FOUND or not self._subscription.durable:
             return False
         now = asyncio.get_running_loop().time()
         if self._missing_since is None:
@@ -318,7 +325,7 @@ class Subscriber:
         return now - self._missing_since < MISSING_GRACE_SECONDS
 
     async def _session(self, address: str, backoff: Backoff) -> None:
-        async with open_channel(address, tls=self.tls, options=CHANNEL_OPTIONS, token=self.token) as channel:
+        async with self.config.channel(address, options=CHANNEL_OPTIONS) as channel:
             call: _SubscribeCall = channel.stream_stream(
                 SUBSCRIBE_METHOD,
                 request_serializer=_serialize_request,
@@ -332,7 +339,7 @@ class Subscriber:
                 call,
                 broker_pb2.SubscribeRequest(
                     open=broker_pb2.SubscribeOpen(
-                        subscription=self.subscription,
+                        subscription=self._subscription,
                         position=broker_pb2.Position(last_seq=self._received),
                         credits=credits,
                     )
@@ -371,33 +378,12 @@ class Subscriber:
                 continue
             if accepted is not None:
                 accepted.append(message)
-            told = message.retention_gap if message.HasField("retention_gap") else None
-            if told is not None and told.last_seq > have:
-                # The subscription's retention discarded messages before this one: the broker says which and why.
-                if have and told.first_seq > have + 1:
-                    # What went missing before the discarded range, for another reason, is a gap of its own.
-                    plain = GapError(publisher, have + 1, told.first_seq - 1)
-                    self.gaps.append(plain)
-                    log.warning("%s", plain)
+            if (have and message.previous_seq > have) or message.HasField("retention_gap"):
+                for gap in find_gaps(message, have):
+                    self.gaps.append(gap)
+                    log.warning("%s", gap)
                     if self.on_gap == "raise":
-                        buffer.append(plain)
-                gap = GapError(
-                    publisher,
-                    max(have + 1, told.first_seq),
-                    max(told.last_seq, message.previous_seq),
-                    over_bytes=told.over_bytes,
-                    over_age=told.over_age,
-                )
-                self.gaps.append(gap)
-                log.warning("%s", gap)
-                if self.on_gap == "raise":
-                    buffer.append(gap)
-            elif message.previous_seq > have and have:
-                gap = GapError(publisher, have + 1, message.previous_seq)
-                self.gaps.append(gap)
-                log.warning("%s", gap)
-                if self.on_gap == "raise":
-                    buffer.append(gap)
+                        buffer.append(gap)
             received[publisher] = seq
             buffer.append(message)
         if spans is not None and accepted is not None:

@@ -1,19 +1,26 @@
-"""Reconnect backoff shared by the publisher and the subscriber (tenacity's jittered exponential wait)."""
+"""Reconnecting streams: which failures to retry, and the jittered exponential backoff between attempts.
+
+(The services retry with tenacity; the SDK keeps its dependencies to gRPC and protobuf, and the
+few lines of tenacity's ``wait_exponential_jitter`` it needs are below.)
+"""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import grpc
 from grpc import aio
-from tenacity import RetryCallState
-from tenacity.wait import wait_exponential_jitter
 
-from sokutatsu.core.errors import RETRYABLE
+from sokutatsu.client.errors import RETRYABLE_CODES
 
 # Codes after which a stream is opened again; anything else is final.
-RECONNECT_CODES = RETRYABLE | {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+RECONNECT_CODES = RETRYABLE_CODES | {
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNKNOWN,
+}
 # What grpc.aio reports for a write on a stream whose connection just died (the real status,
 # UNAVAILABLE, is overwritten: grpc/grpc#36066). A broker's own INTERNAL errors stay final.
 _BROKEN_WRITE = "Internal error from Core"
@@ -33,17 +40,20 @@ class Backoff:
     """Jittered exponential delays: 50 ms doubling up to 2 s; reset after a success."""
 
     def __init__(self, initial: float = 0.05, maximum: float = 2.0) -> None:
-        self._wait = wait_exponential_jitter(multiplier=initial, max=maximum, jitter=initial)
+        self.initial = initial
+        self.maximum = maximum
         self._attempt = 0
 
     def reset(self) -> None:
         self._attempt = 0
 
     def next_delay(self) -> float:
+        """``initial * 2 ** (n - 1)`` plus up to ``initial`` of jitter for the n-th attempt, at most ``maximum``."""
         self._attempt += 1
-        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = self._attempt
-        return float(self._wait(state))
+        exponent = min(self._attempt - 1, 60)  # 2 ** 60 seconds is past any maximum
+        jitter = random.uniform(0, self.initial)  # noqa: S311 - spreading reconnects, not a secret
+        delay: float = self.initial * 2**exponent + jitter
+        return max(0.0, min(self.maximum, delay))
 
 
 class StreamEnded(Exception):

@@ -1,4 +1,4 @@
-"""Total-order publishing and subscribing (extended ATOP, seed 002).
+"""Total-order publishing (extended ATOP, seed 002).
 
 ``OrderedPublisher`` stamps batches via its domain's sequencer (one request per batch)
 and publishes the stamped messages to a total-order topic on the broker pair; once the
@@ -7,11 +7,8 @@ knows which numbers will never need filling. On a new sequencer stream it report
 every recent range the brokers acknowledged (a report lost with a broken stream is not
 lost for good) and claims the ones still being published, so a restarted sequencer does
 not fill numbers this publisher sends. ``close`` ends the stream only after its last
-report is written, by half-closing it.
-
-``OrderedSubscriber`` reads every message of the topic and hands them to the
-application in the total order of :class:`~sokutatsu.ordering.OrderedMerge`: every
-ordered subscriber of a topic receives the same messages in the same order.
+report is written, by half-closing it. (Its subscribing side is
+:mod:`sokutatsu.client.ordered_subscriber`.)
 """
 
 from __future__ import annotations
@@ -26,22 +23,22 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc import aio
 
-from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
-from sokutatsu.client._tracing import StampSpans, tracing_on
-from sokutatsu.client.errors import ClientError, Closed
+from sokutatsu.client._tracing import tracing_on
+from sokutatsu.client._wire import varint
+from sokutatsu.client.config import ClientConfig
+from sokutatsu.client.errors import ClientError, Closed, SequencerError
 from sokutatsu.client.publisher import Publisher
-from sokutatsu.client.subscriber import Subscriber
-from sokutatsu.core.tls import ChannelTls, open_channel
-from sokutatsu.core.wire import varint
-from sokutatsu.ordering import OrderedMerge, OrderingError
-from sokutatsu.ordering.wire import distribution_from_message, entry_from_stamp
+from sokutatsu.client.structs import Stamp
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc, stamp_pb2
+
+if TYPE_CHECKING:
+    from sokutatsu.client._spans import StampSpans
 
 log = logging.getLogger("sokutatsu.client.ordered")
 
@@ -50,24 +47,19 @@ _RECENT_RANGES = 1024
 _SEQ_TAG = b"\x20"  # Stamp.seq = 4, varint
 
 
-class SequencerError(ClientError):
-    """The sequencer refused a request for a reason retrying cannot fix."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-
-
 @dataclass(slots=True)
 class _Waiting:
     key: str
     body: bytes
     headers: Mapping[str, str] | None
-    done: asyncio.Future[stamp_pb2.Stamp]
+    done: asyncio.Future[Stamp]
 
 
 class OrderedPublisher:
-    """Publish to a total-order topic; every message is stamped by the domain's sequencer."""
+    """Publish to the total-order ``topic`` on the broker pair ``brokers``; every message is stamped
+    by ``domain``'s sequencer at ``sequencer``. ``config``: TLS and token of both (default:
+    plaintext, none); ``publisher``: a started :class:`Publisher` to publish through (default: one
+    of its own)."""
 
     def __init__(
         self,
@@ -80,8 +72,7 @@ class OrderedPublisher:
         max_batch: int = 10_000,
         stamp_timeout: float = 10.0,
         publisher: Publisher | None = None,
-        tls: ChannelTls | None = None,
-        token: str | None = None,
+        config: ClientConfig | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -92,11 +83,8 @@ class OrderedPublisher:
         self.max_batch = max_batch
         self.stamp_timeout = stamp_timeout
         self._own_publisher = publisher is None
-        # None: the environment's SOKUTATSU_TLS_* settings (plaintext when they are unset).
-        self.tls = tls
-        # None: the environment's SOKUTATSU_AUTH_TOKEN (no token when it is unset).
-        self.token = token
-        self.publisher = publisher or Publisher(brokers, f"{self.client_id}", tls=tls, token=token)
+        self.config = config or ClientConfig()
+        self.publisher = publisher or Publisher(brokers, self.client_id, config=self.config)
         self._queue: deque[_Waiting] = deque()
         self._wake = asyncio.Event()
         self._recent: deque[sequencer_pb2.SequenceRange] = deque(maxlen=_RECENT_RANGES)
@@ -124,6 +112,8 @@ class OrderedPublisher:
         if self._own_publisher:
             await self.publisher.start()
         if tracing_on():
+            from sokutatsu.client._spans import StampSpans  # noqa: PLC0415 - OpenTelemetry only when tracing
+
             self._stamps = StampSpans(self.client_id, self.sequencer)
         self._task = asyncio.create_task(self._run(), name=f"ordered-publisher-{self.client_id}")
 
@@ -145,21 +135,21 @@ class OrderedPublisher:
             await self.publisher.close()
 
     def publish_nowait(
-        self, key: str, body: bytes, headers: Mapping[str, str] | None = None
-    ) -> asyncio.Future[stamp_pb2.Stamp]:
+        self, key: str, body: bytes, *, headers: Mapping[str, str] | None = None
+    ) -> asyncio.Future[Stamp]:
         """Queue one message; the future gives its stamp once the brokers hold it."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
             raise Closed("ordered publisher closed")
-        done: asyncio.Future[stamp_pb2.Stamp] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Stamp] = asyncio.get_running_loop().create_future()
         self._queue.append(_Waiting(key, body, headers, done))
         self._wake.set()
         return done
 
-    async def publish(self, key: str, body: bytes, headers: Mapping[str, str] | None = None) -> stamp_pb2.Stamp:
+    async def publish(self, key: str, body: bytes, *, headers: Mapping[str, str] | None = None) -> Stamp:
         """Publish one message and wait until the brokers hold it; return its stamp."""
-        return await self.publish_nowait(key, body, headers)
+        return await self.publish_nowait(key, body, headers=headers)
 
     async def flush(self) -> None:
         """Wait until everything handed over is stamped and acknowledged."""
@@ -179,7 +169,7 @@ class OrderedPublisher:
         backoff = Backoff()
         while not self._closed:
             try:
-                async with open_channel(self.sequencer, tls=self.tls, token=self.token) as channel:
+                async with self.config.channel(self.sequencer) as channel:
                     call: _StampCall = sequencer_pb2_grpc.SequencerStub(channel).Stamp()
                     await self._session(call, backoff)
             except StreamEnded:
@@ -284,10 +274,10 @@ class OrderedPublisher:
             slots=1,
         ).SerializeToString()
         last = 0
-        publish, topic = self.publisher.publish_nowait, self.topic
+        publish, topic = self.publisher._enqueue, self.topic
         for offset, waiting in enumerate(batch):
             stamp = shared + _SEQ_TAG + varint(stamped.first_seq + offset)
-            last = publish(topic, waiting.key, waiting.body, waiting.headers, stamp=stamp)
+            last = publish(topic, waiting.key, waiting.body, waiting.headers, True, stamp)
         task = asyncio.create_task(self._acknowledged(stamped, last, batch))
         self._acks.add(task)
         task.add_done_callback(self._acks.discard)
@@ -303,13 +293,11 @@ class OrderedPublisher:
         for offset, waiting in enumerate(batch):
             if not waiting.done.done():
                 waiting.done.set_result(
-                    stamp_pb2.Stamp(
-                        distribution_id=stamped.distribution_id,
+                    Stamp(
                         domain=stamped.domain,
-                        epoch=stamped.epoch,
                         seq=stamped.first_seq + offset,
-                        kind=stamp_pb2.STAMP_KIND_DATA,
-                        slots=1,
+                        distribution_id=stamped.distribution_id,
+                        epoch=stamped.epoch,
                     )
                 )
         self._published.add(stamped.first_seq)
@@ -326,73 +314,3 @@ class OrderedPublisher:
             waiting = self._queue.popleft()
             if not waiting.done.done():
                 waiting.done.set_exception(error)
-
-
-class OrderedSubscriber:
-    """Receive a total-order topic in the order every ordered subscriber of it agrees on.
-
-    Subscribe before the first message is published (the subscription is durable and
-    must see the topic from its first distribution). Raises
-    :class:`~sokutatsu.ordering.OrderingError` for a message that cannot be ordered
-    (no stamp, an unknown distribution id, a stale epoch): never a silent reorder.
-    """
-
-    def __init__(
-        self,
-        brokers: str | Sequence[str],
-        subscriber_id: str,
-        topic: str,
-        *,
-        max_buffered: int = 1_000_000,
-        **subscriber_options: Any,
-    ) -> None:
-        subscriber_options.setdefault("durable", True)
-        self.subscriber = Subscriber(brokers, subscriber_id, topic, **subscriber_options)
-        self.merge: OrderedMerge[broker_pb2.Message] = OrderedMerge()
-        self.max_buffered = max_buffered
-        self._ready: deque[broker_pb2.Message] = deque()
-
-    async def __aenter__(self) -> OrderedSubscriber:
-        await self.subscriber.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.subscriber.close()
-
-    async def start(self) -> None:
-        await self.subscriber.start()
-
-    async def close(self) -> None:
-        await self.subscriber.close()
-
-    def __aiter__(self) -> OrderedSubscriber:
-        return self
-
-    async def __anext__(self) -> broker_pb2.Message:
-        ready = self._ready
-        merge = self.merge
-        while not ready:
-            message = await self.subscriber.__anext__()
-            if not message.HasField("stamp"):
-                raise OrderingError(
-                    f"message {message.publisher_id}/{message.publisher_seq} has no sequencer stamp: "
-                    f"the topic is not a total-order topic or its publisher is not an OrderedPublisher"
-                )
-            stamp = message.stamp
-            if stamp.kind == stamp_pb2.STAMP_KIND_DISTRIBUTION:
-                try:
-                    distribution = distribution_from_message(sequencer_pb2.Distribution.FromString(message.body))
-                except ValueError as error:
-                    raise OrderingError(f"distribution {stamp.distribution_id} is malformed: {error}") from None
-                merge.add_distribution(distribution)
-            else:
-                merge.add(entry_from_stamp(stamp, message))
-            ready.extend(merge.pop_ready())
-            if not ready and merge.buffered() > self.max_buffered:
-                raise OrderingError(
-                    f"{merge.buffered()} messages buffered while waiting for {merge.waiting_for} "
-                    f"(max_buffered={self.max_buffered})"
-                )
-        return ready.popleft()

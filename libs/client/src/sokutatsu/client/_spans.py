@@ -33,10 +33,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TraceFlags
 
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client._tracing import SYSTEM, TRACEPARENT
 from sokutatsu.client._wire import header_field
 
-SYSTEM = "sokutatsu"
-TRACEPARENT = "traceparent"
 SEQ_FIRST, SEQ_LAST = "sokutatsu.seq.first", "sokutatsu.seq.last"
 # On a link: the numbers from here to sokutatsu.seq.first - 1 did not match the subscription's
 # filter (the broker's previous_seq vouches), so the loss audit counts them as accounted for.
@@ -56,12 +55,6 @@ WINDOW_NS = round(WINDOW_SECONDS * 1e9)
 MAX_LINKS = 100
 # Links' parsed creation contexts kept for reuse (a batch's messages share one).
 _CACHE_LIMIT = 4096
-
-
-def tracing_on() -> bool:
-    """Whether an OpenTelemetry SDK tracer provider is installed (else the API's no-op one)."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def _tracer() -> trace.Tracer:

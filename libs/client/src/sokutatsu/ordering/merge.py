@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Generic, TypeVar
 
+# The SDK's error (the OrderedSubscriber raises it to applications); the simulator and tests see the same.
+from sokutatsu.client.errors import OrderingError
 from sokutatsu.ordering.schedule import Distribution
 
 T = TypeVar("T")
@@ -40,10 +42,6 @@ class Kind(IntEnum):
     DATA = 1
     DUMMY = 2
     SKIP = 3
-
-
-class OrderingError(Exception):
-    """A stamp that would break the total order if it were delivered; never silently reordered."""
 
 
 @dataclass(slots=True)

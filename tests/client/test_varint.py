@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.core.wire import varint
+from sokutatsu.client._wire import varint
 
 
 @given(st.integers(0, 2**64 - 1))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import TypeVar
 
-from sokutatsu.ordering.merge import Entry, Kind, OrderingError
+from sokutatsu.client.errors import OrderingError
+from sokutatsu.ordering.merge import Entry, Kind
 from sokutatsu.ordering.schedule import Distribution
 from sokutatsu.sequencer.v1 import sequencer_pb2, stamp_pb2
 

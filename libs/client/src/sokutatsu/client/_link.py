@@ -1,0 +1,292 @@
+"""One publish stream per broker of the pair: batching, acknowledgements and go-back-N.
+
+A :class:`BrokerLink` sends the accumulator's messages to its broker in frames (a frame when
+``batch_messages`` or ``batch_bytes`` are ready; a link that sent a frame less than ``linger``
+seconds ago waits up to that long for a fuller one, an idle link sends at once) and reports
+what the broker acknowledges.
+
+* A stream that breaks is opened again with jittered exponential backoff; the broker says
+  which number it last holds and the rest is sent again, so retries never duplicate (the
+  broker drops numbers it already has).
+* A message refused at a broker limit is sent again, with backoff, with everything after it
+  (go-back-N), so the order is kept.
+* A refusal for bad input (e.g. a body over the broker's maximum) is final: the publisher fails
+  with :class:`~sokutatsu.client.errors.BrokerError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client._accumulator import Accumulator
+from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client._wire import batch_frame
+from sokutatsu.client.config import ClientConfig
+from sokutatsu.client.errors import BrokerError
+
+if TYPE_CHECKING:
+    from sokutatsu.client._spans import SendSpans
+
+log = logging.getLogger("sokutatsu.client.publisher")
+
+PUBLISH_METHOD = "/sokutatsu.broker.v1.Broker/Publish"
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 16 * 2**20),
+    ("grpc.max_receive_message_length", 16 * 2**20),
+    # Every stream opens a channel of its own; with gRPC's process-wide subchannel pool it would
+    # inherit the reconnect backoff of the last channel to that address (seconds after a broker
+    # restart: a restarted broker served for 0.9-2.8 s before a publish reached it). A local pool
+    # makes each attempt a real connection attempt.
+    ("grpc.use_local_subchannel_pool", 1),
+]
+# A broken publish link is opened again after a jittered delay growing to this: short, because
+# while one broker of a pair is back and heard by its peer, acknowledgements wait for this link.
+RECONNECT_MAX_SECONDS = 0.25
+
+_PublishCall = aio.StreamStreamCall[bytes | broker_pb2.PublishRequest, broker_pb2.PublishResponse]
+
+
+def _frame_bytes(frame: bytes | broker_pb2.PublishRequest) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Batching:
+    batch_messages: int
+    batch_bytes: int
+    linger: float
+
+
+@dataclass
+class Counters:
+    """From the brokers' acknowledgements."""
+
+    dropped: int = 0
+    duplicates: int = 0
+    refused: int = 0
+
+
+class BrokerLink:
+    def __init__(  # noqa: PLR0917 - built in one place (Publisher.__init__)
+        self,
+        address: str,
+        publisher_id: str,
+        config: ClientConfig,
+        batching: Batching,
+        accumulator: Accumulator,
+        counters: Counters,
+    ) -> None:
+        self.address = address
+        self.publisher_id = publisher_id
+        self.config = config
+        self.batching = batching
+        self.accumulator = accumulator
+        self.counters = counters
+        # Every link of the publisher, this one included (set by the publisher).
+        self.links: Sequence[BrokerLink] = (self,)
+        self.spans: SendSpans | None = None
+        self.sent_through = 0
+        self.acked_through = 0
+        self.connected = False
+        self.resume_at = 0.0
+        # Incremented each time a refusal sends the link back (go-back-N).
+        self.rewinds = 0
+        self.wake = asyncio.Event()
+        self.opened = asyncio.Event()
+        self.broker_last_seq = 0
+        # The broker's last ack said its peer is down (it alone holds what it acknowledged).
+        self.single_copy = False
+        # Loop time of the last frame written (adaptive batching).
+        self.last_send = float("-inf")
+        # The broker's most messages per batch (PublishOpened.max_batch_messages; 0 = no limit).
+        self.max_batch = 0
+        # Why the last attempt to open the stream failed (for the error when none opened).
+        self.last_error = ""
+        # Set to cut a reconnect delay short: the other broker said its peer is back.
+        self.reconnect_now = asyncio.Event()
+        # While the stream is being opened: the first number it may need (PublishOpen.first_unacked_seq).
+        self.opening_from = 0
+
+    def fail(self, error: Exception) -> None:
+        """The publisher fails for good; ``start()`` stops waiting for the links."""
+        self.accumulator.fail(error)
+        for link in self.links:
+            link.opened.set()
+
+    def advance(self) -> None:
+        self.accumulator.advance(self.links)
+
+    async def run(self) -> None:
+        """Keep a stream open to the broker until the publisher closes (cancels this) or fails."""
+        backoff = Backoff(maximum=RECONNECT_MAX_SECONDS)
+        while not self.accumulator.closed and self.accumulator.failure is None:
+            try:
+                await self._session(backoff)
+            except* aio.AioRpcError as group:
+                error = group.exceptions[0]
+                if not isinstance(error, aio.AioRpcError):  # pragma: no cover - the group holds only these
+                    raise
+                if reconnectable(error):
+                    self.last_error = f"{error.code().name}: {error.details()}"
+                    log.info("publish stream to %s broke (%s); reconnecting", self.address, error.code().name)
+                else:
+                    self.fail(BrokerError(error.code(), error.details() or ""))
+            except* StreamEnded:
+                log.info("broker %s closed the publish stream; reconnecting", self.address)
+            except* Exception as group:  # noqa: BLE001 - surfaces to the application instead of dying silently
+                self.fail(group.exceptions[0] if isinstance(group.exceptions[0], Exception) else group)
+            self.connected = False
+            self.advance()
+            if self.accumulator.failure is None:
+                self.reconnect_now.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.reconnect_now.wait(), backoff.next_delay())
+
+    async def _session(self, backoff: Backoff) -> None:
+        accumulator = self.accumulator
+        async with self.config.channel(self.address, options=CHANNEL_OPTIONS) as channel:
+            call = channel.stream_stream(
+                PUBLISH_METHOD,
+                request_serializer=_frame_bytes,
+                response_deserializer=broker_pb2.PublishResponse.FromString,
+            )()
+            # Messages up to acked may be gone from pending (the survivor acknowledged them
+            # alone while this broker was away): it continues after them and marks the hole.
+            # Those acknowledged from here on stay in pending until this link is open.
+            first_unacked = accumulator.acked + 1
+            self.opening_from = first_unacked
+            try:
+                await write_frame(
+                    call,
+                    broker_pb2.PublishRequest(
+                        open=broker_pb2.PublishOpen(publisher_id=self.publisher_id, first_unacked_seq=first_unacked)
+                    ),
+                )
+                first = await call.read()
+                if (
+                    first is aio.EOF
+                    or not isinstance(first, broker_pb2.PublishResponse)
+                    or not first.HasField("opened")
+                ):
+                    await raise_status(call)
+                    raise StreamEnded
+                last = first.opened.last_seq
+                self.max_batch = first.opened.max_batch_messages
+                self.last_error = ""
+                self.broker_last_seq = last
+                # The broker's number is what it holds (at least first_unacked - 1: it records the
+                # hole below that); everything after it is sent again, in order.
+                self.acked_through = last
+                self.sent_through = last
+                self.connected = True
+            finally:
+                self.opening_from = 0
+            self.opened.set()
+            backoff.reset()
+            self.advance()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._send_loop(call))
+                group.create_task(self._receive_loop(call))
+
+    async def _send_loop(self, call: _PublishCall) -> None:
+        loop = asyncio.get_running_loop()
+        accumulator = self.accumulator
+        batching = self.batching
+        lingered = False
+        while True:
+            self.wake.clear()
+            wait = self.resume_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            pending = accumulator.pending
+            index = accumulator.unsent_index(self.sent_through)
+            if index is None:
+                # Fell more than max_pending behind: the stream is opened again and continues after
+                # what is acknowledged.
+                raise StreamEnded
+            ready = len(pending) - index
+            if ready <= 0:
+                lingered = False
+                await self.wake.wait()
+                continue
+            # Within the broker's limit (SOKUTATSU_BROKER_MAX_BATCH_MESSAGES) whatever batch_messages says.
+            batch_messages = min(batching.batch_messages, self.max_batch) if self.max_batch else batching.batch_messages
+            if (
+                ready < batch_messages
+                and batching.linger > 0
+                and not lingered
+                and loop.time() - self.last_send < batching.linger
+            ):
+                # Adaptive batching: a link that wrote a frame less than `linger` ago is
+                # busy, so give the application a moment to fill this one; an idle link
+                # sends at once (lowest latency). Indexes are recomputed afterwards:
+                # acknowledgements may have compacted the list.
+                lingered = True
+                await asyncio.sleep(batching.linger)
+                continue
+            lingered = False
+            spans = self.spans
+            topic = pending[index].topic
+            elements: list[bytes] = []
+            size = 0
+            end = min(len(pending), index + batch_messages)
+            i = index
+            while i < end and size < batching.batch_bytes:
+                item = pending[i]
+                if item.topic != topic:
+                    break
+                elements.append(item.element)
+                size += item.size
+                i += 1
+            last_seq = pending[i - 1].seq
+            rewinds = self.rewinds
+            self.last_send = loop.time()
+            await write_frame(call, batch_frame(topic, elements))
+            if spans is not None:
+                spans.written(last_seq)
+            if self.rewinds == rewinds:  # no refusal sent us back meanwhile
+                self.sent_through = last_seq
+
+    async def _receive_loop(self, call: _PublishCall) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(initial=0.02, maximum=1.0)
+        counters = self.counters
+        while True:
+            response = await call.read()
+            if response is aio.EOF:
+                await raise_status(call)
+                raise StreamEnded
+            if not isinstance(response, broker_pb2.PublishResponse):  # pragma: no cover - typed by the stub
+                raise StreamEnded
+            ack = response.ack
+            counters.dropped += ack.dropped
+            counters.duplicates += ack.duplicates
+            self.acked_through = max(self.acked_through, ack.acked_through_seq)
+            if self.single_copy and not ack.single_copy:
+                # Its peer is back: acknowledgements now wait for that broker's copy too, so a
+                # link to it waiting out a reconnect delay tries at once.
+                for other in self.links:
+                    if not other.connected:
+                        other.reconnect_now.set()
+            self.single_copy = ack.single_copy
+            if ack.rejected and ack.rejected[0].first_seq > self.acked_through:
+                rejection = ack.rejected[0]
+                counters.refused += rejection.last_seq - rejection.first_seq + 1
+                self.accumulator.last_refusal = rejection.message
+                # Go back to the first refused message and try again after a pause.
+                self.sent_through = max(self.acked_through, min(self.sent_through, rejection.first_seq - 1))
+                self.rewinds += 1
+                self.resume_at = loop.time() + backoff.next_delay()
+                self.wake.set()
+            else:
+                backoff.reset()
+            self.advance()
