@@ -489,5 +489,5 @@ def bench_queuedb(
     if json_path:
         console.print(f"wrote {json_path}")
     print(json.dumps(result["ratios"] if only == "all" else remote["ratios"]))  # noqa: T201
-    if not result["transfers_complete"]:
+    if not (result["transfers_complete"] if only == "all" else remote["complete"]):
         raise typer.Exit(1)

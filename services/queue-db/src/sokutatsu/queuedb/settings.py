@@ -64,7 +64,7 @@ class QueueDbSettings(ServiceSettings):
         "Group commit: how long a group waits for more Enqueue and Ack calls after its first one, in "
         "microseconds. 0: no wait; calls that arrive while groups commit form the next group (every call "
         "shares the flush of the calls that arrived with it).",
-        whole(0, 100_000, "microseconds"),
+        whole(0, 1_000_000, "microseconds"),
     )
     group_commit_max_calls: int = setting(
         "GROUP_COMMIT_MAX_CALLS",
