@@ -88,9 +88,9 @@ def _bodies(dsn: str) -> list[bytes]:
     return [bytes(r[0]) for r in rows]
 
 
-async def _enqueue(queues: Stub, *bodies: bytes, timeout: float = RPC_TIMEOUT) -> list[int]:
+async def _enqueue(queues: Stub, *bodies: bytes, deadline: float = RPC_TIMEOUT) -> list[int]:
     request = EnqueueRequest(queue="jobs", messages=[NewMessage(body=b) for b in bodies])
-    return list((await queues.Enqueue(request, timeout=timeout)).seqs)
+    return list((await queues.Enqueue(request, timeout=deadline)).seqs)
 
 
 async def test_concurrent_calls_share_a_transaction_and_each_gets_its_own_ids_in_order(
@@ -133,7 +133,7 @@ async def test_a_call_cancelled_before_its_group_commits_is_left_out(
     _, dsn = node
     with pytest.raises(aio.AioRpcError) as info:
         # Its deadline passes while it waits for the group's window: the handler is cancelled.
-        await _enqueue(queues, b"cancelled", timeout=WINDOW_US / 1e6 / 4)
+        await _enqueue(queues, b"cancelled", deadline=WINDOW_US / 1e6 / 4)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await _enqueue(queues, b"kept")  # a group after it has committed
     assert _bodies(dsn) == [b"kept"]
