@@ -60,6 +60,8 @@ async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn:
     assert result["transfers_complete"]
     for durability in ("both", "alternate"):
         remote = phases[f"remote_{durability}_4_1"]
+        assert phases[f"remote_{durability}-alone_4_1"]["complete"], durability
+        assert remote["health_check_floor"]["calls_per_s"] > 0
         assert remote["received"] == remote["calls"] + remote["warm_up_calls"], durability
         assert remote["complete"], durability
         # Every message was flushed somewhere: node1's enqueue commits, or node2's batches.

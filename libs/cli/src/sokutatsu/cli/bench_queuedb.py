@@ -488,6 +488,12 @@ async def measure_remote(cfg: QueueDbBenchConfig, folder: Path) -> dict[str, dic
                     phases[f"remote_{durability}_{callers}_{run}"] = await remote.measure_remote_enqueue(
                         node1, node2, durability, callers, cfg, folder, run
                     )
+            alone = remote.ALONE_CALLERS if remote.ALONE_CALLERS in cfg.remote_callers else cfg.remote_callers[0]
+            for durability in remote.DURABILITIES:
+                _settle(node1.dsn)
+                phases[f"remote_{durability}-alone_{alone}_{run}"] = await remote.measure_remote_enqueue(
+                    node1, node2, durability, alone, cfg, folder, run, grouped=False
+                )
     return phases
 
 

@@ -17,6 +17,11 @@ this process on one channel, each sending single-message ``Enqueue`` calls one a
 * **CPU per call of each process** (``/proc/<pid>/stat``, user + system): the callers (this
   process), both services, the daemon, and each PostgreSQL cluster (the postmaster, its live
   children, and the children it reaped meanwhile).
+* **latency** of the calls (p50, p90, p99), and the **health-check floor**: as many gRPC health
+  ``Check`` calls of node 1's service from as many callers right after (no database, no queue-db
+  code): what a call costs at the least, its calls/s and CPU per call.
+* **each call alone**: at 16 callers, both durabilities again with node 1 committing every call in
+  a transaction of its own (``GROUP_COMMIT_MAX_CALLS=1``): one flush per call, as before issue #24.
 * **pgbench** on node 1's cluster in the same run, with as many clients as callers: one single-row
   ``INSERT`` of a 256-byte body per transaction, what PostgreSQL itself takes.
 
@@ -35,8 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sokutatsu.cli.bench_common import cpu_sample, service_process, steal_percent
+from sokutatsu.cli.bench_common import cpu_sample, percentile, service_process, steal_percent
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
@@ -49,6 +55,7 @@ TRANSFERD = ("sokutatsu.queuedb.transferd", "SOKUTATSU_TRANSFER_")
 REMOTE_CALLERS = (1, 16, 128)
 DURABILITIES = ("both", "alternate")
 REMOTE_RUNS = 2
+ALONE_CALLERS = 16  # the runs with each call committed alone
 POLL_SECONDS = 0.05
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -112,37 +119,63 @@ def cluster_cpu(data_dir: Path | None) -> float:
     return total
 
 
-async def _callers(address: str, queue: str, n: int, size: int, callers: int) -> float:
-    """``n`` single-message Enqueue calls from ``callers`` concurrent callers; seconds until all answered."""
+async def _callers(address: str, queue: str, n: int, size: int, callers: int) -> tuple[float, list[float]]:
+    """``n`` single-message Enqueue calls from ``callers`` concurrent callers (``queue`` empty: gRPC
+    health ``Check`` calls instead, the server's floor): seconds until all answered, and each call's
+    latency in seconds."""
     body = b"x" * size
     left = n
+    latencies: list[float] = []
     async with open_channel(address) as channel:
         stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
         request = queuedb_pb2.EnqueueRequest(queue=queue, messages=[queuedb_pb2.NewMessage(body=body)])
+        check = health_pb2.HealthCheckRequest()
 
         async def caller() -> None:
             nonlocal left
+            clock = time.perf_counter
             while left > 0:
                 left -= 1
-                await stub.Enqueue(request, timeout=60)
+                start = clock()
+                if queue:
+                    await stub.Enqueue(request, timeout=60)
+                else:
+                    await health.Check(check, timeout=60)
+                latencies.append(clock() - start)
 
         start = time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(callers)))
-        return time.perf_counter() - start
+        return time.perf_counter() - start, latencies
+
+
+def _latency_ms(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {f"p{q}": round(percentile(ordered, q / 100) * 1000, 2) for q in (50, 90, 99)}
 
 
 def calls_for(callers: int, cfg: QueueDbBenchConfig) -> int:
-    """Calls per run: ``remote_messages``, a fifth of it for a single caller (one call at a time)."""
-    return cfg.remote_messages if callers > 1 else max(100, cfg.remote_messages // 5)
+    """Calls per run: ``remote_messages``, a tenth of it for a single caller (one call at a time)."""
+    return cfg.remote_messages if callers > 1 else max(100, cfg.remote_messages // 10)
 
 
 async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where to log
-    node1: Cluster, node2: Cluster, durability: str, callers: int, cfg: QueueDbBenchConfig, folder: Path, run: int
+    node1: Cluster,
+    node2: Cluster,
+    durability: str,
+    callers: int,
+    cfg: QueueDbBenchConfig,
+    folder: Path,
+    run: int,
+    *,
+    grouped: bool = True,
 ) -> dict[str, Any]:
     """Enqueue calls into node 1's queue forwarding to node 2, durable on both or alternating; the clock
-    runs until every call is answered, and on until node 2 holds every message."""
+    runs until every call is answered, and on until node 2 holds every message. ``grouped=False``:
+    node 1 commits each call alone (``GROUP_COMMIT_MAX_CALLS=1``, as before group commit).
+    Afterwards, as many gRPC health checks of node 1 from as many callers: the server's floor."""
     n = calls_for(callers, cfg)
-    queue = f"remote-{durability}-{callers}-{run}"
+    queue = f"remote-{durability}{'' if grouped else '-alone'}-{callers}-{run}"
     run_folder = folder / queue
     run_folder.mkdir()
     rule = queuedb_pb2.TransferRule(
@@ -155,7 +188,14 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
     flushes_before = wal_syncs(node1.dsn), wal_syncs(node2.dsn)
     with (
         service_process(*QUEUEDB, run_folder, "node2", dsn=node2.dsn) as receiver,
-        service_process(*QUEUEDB, run_folder, "node1", dsn=node1.dsn, peers="node2") as sender,
+        service_process(
+            *QUEUEDB,
+            run_folder,
+            "node1",
+            dsn=node1.dsn,
+            peers="node2",
+            **({} if grouped else {"group_commit_max_calls": "1"}),
+        ) as sender,
         service_process(
             *TRANSFERD, run_folder, "transfer", node="node1", dsn=node1.dsn, peers=f"node2={receiver.address}"
         ) as daemon,
@@ -180,7 +220,7 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
             return now
 
         before, cpu_before = cpu_sample(), cpu_now()
-        seconds = await _callers(sender.address, queue, n, cfg.size, callers)
+        seconds, latencies = await _callers(sender.address, queue, n, cfg.size, callers)
         cpu_after = cpu_now()
         answered = time.perf_counter()
         deadline = answered + max(60.0, n / 500)
@@ -192,13 +232,21 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         delivered = time.perf_counter() - answered + seconds
         steal = steal_percent(before, cpu_sample())
         outbox = _outbox_drained(node1.dsn)
+        floor_before = process_cpu(sender.process.pid), process_cpu(os.getpid())
+        floor_seconds, floor_latencies = await _callers(sender.address, "", n, cfg.size, callers)
+        floor_cpu = [
+            round((process_cpu(pid) - b) / n * 1e6)
+            for pid, b in zip((sender.process.pid, os.getpid()), floor_before, strict=True)
+        ]
     # Read once the services have stopped: a backend reports its WAL statistics when it exits.
     flushes = [wal_syncs(c.dsn) - b for c, b in zip((node1, node2), flushes_before, strict=True)]
     cpu_us = {name: round((cpu_after[name] - cpu_before[name]) / n * 1e6) for name in cpu_after}
     return {
         "durability": durability,
+        "grouped": grouped,
         "callers": callers,
         "calls_per_s": round(n / seconds),
+        "latency_ms": _latency_ms(latencies),
         "delivered_msgs_per_s": round(n / delivered),
         # WAL flushes (pg_stat_wal.wal_sync) per message on each node, the whole run (warm-up included).
         "node1_flushes_per_msg": round(flushes[0] / (n + warm), 3),
@@ -213,6 +261,13 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         "outbox_left": outbox,
         "complete": received == n + warm and outbox == 0,
         "cpu_steal_percent": steal,
+        # gRPC health checks of node 1, as many from as many callers right after: no database, no
+        # queue-db code; what a call costs the server and the callers at the least.
+        "health_check_floor": {
+            "calls_per_s": round(n / floor_seconds),
+            "latency_ms": _latency_ms(floor_latencies),
+            "cpu_us_per_call": {"node1_service": floor_cpu[0], "callers": floor_cpu[1]},
+        },
     }
 
 
@@ -236,7 +291,9 @@ def summary(phases: dict[str, dict[str, Any]], pgbench: dict[int, list[int]]) ->
     for durability in DURABILITIES:
         table[durability] = {}
         for callers in sorted({p["callers"] for p in phases.values()}):
-            runs = [p for p in phases.values() if p["durability"] == durability and p["callers"] == callers]
+            runs = [
+                p for p in phases.values() if p["durability"] == durability and p["callers"] == callers and p["grouped"]
+            ]
             if not runs:
                 continue
             processes = runs[0]["cpu_us_per_call"].keys()
@@ -247,6 +304,13 @@ def summary(phases: dict[str, dict[str, Any]], pgbench: dict[int, list[int]]) ->
                 "node2_flushes_per_msg": [r["node2_flushes_per_msg"] for r in runs],
                 "cpu_us_per_call": {p: _mean([r["cpu_us_per_call"][p] for r in runs]) for p in processes},
                 "cpu_us_per_call_total": _mean([r["cpu_us_per_call_total"] for r in runs]),
+                "latency_ms_p50": [r["latency_ms"]["p50"] for r in runs],
+                "latency_ms_p99": [r["latency_ms"]["p99"] for r in runs],
+                "health_check_floor_calls_per_s": _mean([r["health_check_floor"]["calls_per_s"] for r in runs]),
+                "health_check_floor_cpu_us_per_call": {
+                    p: _mean([r["health_check_floor"]["cpu_us_per_call"][p] for r in runs])
+                    for p in ("node1_service", "callers")
+                },
                 "pgbench_tx_per_s": _mean(pgbench.get(callers, [])),
                 "vs_pgbench": _ratio(_mean([r["calls_per_s"] for r in runs]), _mean(pgbench.get(callers, []))),
             }
@@ -257,7 +321,29 @@ def summary(phases: dict[str, dict[str, Any]], pgbench: dict[int, list[int]]) ->
         )
         for c in sorted({p["callers"] for p in phases.values()})
     }
-    return {"by_durability": table, "ratios": ratios, "pgbench_tx_per_s": {str(c): v for c, v in pgbench.items()}}
+    alone: dict[str, Any] = {}
+    for durability in DURABILITIES:
+        runs = [p for p in phases.values() if p["durability"] == durability and not p["grouped"]]
+        if runs:
+            alone[durability] = {
+                "callers": runs[0]["callers"],
+                "calls_per_s": [r["calls_per_s"] for r in runs],
+                "calls_per_s_mean": _mean([r["calls_per_s"] for r in runs]),
+                "node1_flushes_per_msg": [r["node1_flushes_per_msg"] for r in runs],
+                "node2_flushes_per_msg": [r["node2_flushes_per_msg"] for r in runs],
+                "cpu_us_per_call_total": _mean([r["cpu_us_per_call_total"] for r in runs]),
+            }
+    if len(alone) == len(DURABILITIES):
+        ratios["alternate_vs_both_each_call_alone"] = _ratio(
+            alone["alternate"]["calls_per_s_mean"], alone["both"]["calls_per_s_mean"]
+        )
+    return {
+        "by_durability": table,
+        # Each call committed alone on node 1 (GROUP_COMMIT_MAX_CALLS=1): one flush per call, as before issue #24.
+        "each_call_alone": alone,
+        "ratios": ratios,
+        "pgbench_tx_per_s": {str(c): v for c, v in pgbench.items()},
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -468,6 +468,11 @@ def bench_queuedb(
                 key,
             )
             cpu = ", ".join(f"{k} {v}" for k, v in phase["cpu_us_per_call"].items())
+            floor = phase["health_check_floor"]
+            console.print(
+                f"    {'' if phase['grouped'] else 'each call committed alone; '}latency ms {phase['latency_ms']}; "
+                f"health-check floor {floor['calls_per_s']:,} calls/s, CPU µs per call {floor['cpu_us_per_call']}"
+            )
             console.print(
                 f"    WAL flushes per message: node1 {phase['node1_flushes_per_msg']}, node2 "
                 f"{phase['node2_flushes_per_msg']}; CPU µs per call: {cpu} (all {phase['cpu_us_per_call_total']}); "

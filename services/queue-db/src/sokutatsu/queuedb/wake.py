@@ -8,7 +8,11 @@ machine, 8 clients, one single-row insert per transaction: 8,757 and 9,080 tx/s;
 ``pg_notify`` in the transaction: 3,163 and 2,781 tx/s. The queue-db API therefore enqueues
 without the NOTIFY and sends it afterwards from here, as one statement on a connection of its own
 in autocommit (a transaction that writes nothing: nothing to flush, one round trip), for every
-node woken since the last one: one NOTIFY per round trip however many calls committed meanwhile.
+node woken since the last one: one NOTIFY per round trip however many calls committed meanwhile,
+and at most one per ``INTERVAL_SECONDS``: a daemon that is sending finds what committed meanwhile
+without being told, so a NOTIFY per group of a busy node only cost CPU on node 1, in its database
+and in the daemon (7 % of node 1's service at 16 callers, profiled). The first wake after a quiet
+moment goes at once.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from sokutatsu.queuedb.enqueue import TRANSFER_CHANNEL
 log = logging.getLogger(__name__)
 
 _NOTIFY = "SELECT pg_notify(%s, node) FROM unnest(%s::text[]) AS node"
+INTERVAL_SECONDS = 0.002
 
 
 class Waker:
@@ -52,6 +57,7 @@ class Waker:
                     if conn is None or conn.closed:
                         conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, connect_timeout=5)
                     await conn.execute(_NOTIFY, (TRANSFER_CHANNEL, nodes), prepare=True)
+                    await asyncio.sleep(INTERVAL_SECONDS)  # wakes asked for meanwhile go together
                 except psycopg.Error as exc:
                     # The daemon's own poll (and its LISTEN reconnection) finds the messages anyway.
                     log.warning(
