@@ -113,7 +113,7 @@ QUICK = QueueDbBenchConfig(
     seconds=3, concurrency=8, transfer_messages=20_000, remote_messages=3_000, remote_pgbench_seconds=2
 )
 FULL = QueueDbBenchConfig(
-    seconds=20, concurrency=8, transfer_messages=200_000, remote_messages=15_000, remote_pgbench_seconds=10
+    seconds=20, concurrency=8, transfer_messages=200_000, remote_messages=10_000, remote_pgbench_seconds=10
 )
 
 
@@ -578,6 +578,7 @@ async def run(
 ) -> dict[str, Any]:
     """The whole benchmark: on ``server_dsn`` (a superuser DSN) if given, else on an embedded cluster.
     ``only="remote"``: the remote-enqueue section alone."""
+    load_at_start = round(os.getloadavg()[0], 2)
     if only == "remote":
         with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-qdb-") as tmp:
             phases = await measure_remote(cfg, Path(tmp))
@@ -588,6 +589,7 @@ async def run(
             "phases": phases,
             "config": asdict(cfg),
             "machine": machine(),
+            "load_average_1m": [load_at_start, round(os.getloadavg()[0], 2)],
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
     with (
@@ -657,5 +659,7 @@ async def run(
             "transfer daemon on node1, each its own process; remote enqueue: " + remote_result["setup"]
         ),
         "machine": machine(),
+        # The machine may be shared: its 1-minute load average at the start and the end (2 CPUs here).
+        "load_average_1m": [load_at_start, round(os.getloadavg()[0], 2)],
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

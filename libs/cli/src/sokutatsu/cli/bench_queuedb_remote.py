@@ -21,7 +21,9 @@ this process on one channel, each sending single-message ``Enqueue`` calls one a
   ``Check`` calls of node 1's service from as many callers right after (no database, no queue-db
   code): what a call costs at the least, its calls/s and CPU per call.
 * **each call alone**: at 16 callers, both durabilities again with node 1 committing every call in
-  a transaction of its own (``GROUP_COMMIT_MAX_CALLS=1``): one flush per call, as before issue #24.
+  a transaction of its own (``GROUP_COMMIT_MAX_CALLS=1``): one flush per call, as before issue #24
+  (a third of the calls).
+* **load_average_1m** before and after each run: the machine may be shared.
 * **pgbench** on node 1's cluster in the same run, with as many clients as callers: one single-row
   ``INSERT`` of a 256-byte body per transaction, what PostgreSQL itself takes.
 
@@ -174,7 +176,8 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
     runs until every call is answered, and on until node 2 holds every message. ``grouped=False``:
     node 1 commits each call alone (``GROUP_COMMIT_MAX_CALLS=1``, as before group commit).
     Afterwards, as many gRPC health checks of node 1 from as many callers: the server's floor."""
-    n = calls_for(callers, cfg)
+    n = calls_for(callers, cfg) if grouped else max(100, cfg.remote_messages // 3)
+    load_before = os.getloadavg()[0]
     queue = f"remote-{durability}{'' if grouped else '-alone'}-{callers}-{run}"
     run_folder = folder / queue
     run_folder.mkdir()
@@ -261,6 +264,8 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         "outbox_left": outbox,
         "complete": received == n + warm and outbox == 0,
         "cpu_steal_percent": steal,
+        # The machine is shared: its 1-minute load average before and after the run (2 CPUs).
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         # gRPC health checks of node 1, as many from as many callers right after: no database, no
         # queue-db code; what a call costs the server and the callers at the least.
         "health_check_floor": {
