@@ -69,6 +69,9 @@ async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn:
         assert remote["cpu_us_per_call"]["node1_service"] > 0, durability
         assert remote["cpu_us_per_call"]["node1_postgres"] > 0, durability
         assert result["remote_enqueue"]["by_durability"][durability]["4"]["pgbench_tx_per_s"] > 0
+        # The runs with each call committed alone are summed up too (they once were left out).
+        assert result["remote_enqueue"]["each_call_alone"][durability]["calls_per_s_mean"] > 0, durability
+    assert result["remote_enqueue"]["ratios"]["alternate_vs_both_each_call_alone"] > 0
     assert result["remote_enqueue"]["complete"]
     ratios = result["ratios"]
     assert ratios["enqueue_vs_raw"] > 0

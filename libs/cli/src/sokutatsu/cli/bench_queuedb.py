@@ -544,7 +544,7 @@ async def measure(cfg: QueueDbBenchConfig, server: Server, folder: Path) -> dict
 
 def _remote_result(phases: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The remote-enqueue figures: per durability and callers, ratios, and issue #24's targets."""
-    runs = {k: p for k, p in phases.items() if k.startswith(("remote_both_", "remote_alternate_"))}
+    runs = {k: p for k, p in phases.items() if k.startswith("remote_") and "durability" in p}
     pgbench_runs: dict[int, list[int]] = {}
     for key, p in phases.items():
         if key.startswith("remote_pgbench_"):
