@@ -233,10 +233,12 @@ send_span = _traced  # the ``send {queue}`` span of one caller's messages, and t
 record_ids = _ids
 
 
-def merged_params(queue: str, batches: Sequence[Sequence[Message]], flush: int) -> dict[str, object]:
-    """_ENQUEUE's parameters for ``batches`` (each one caller's, in order), one after another; no
-    in-transaction NOTIFY (the service wakes the transfer daemon after the commit)."""
-    return _params(queue, [m for batch in batches for m in batch], False, flush)
+def merged_params(
+    queue: str, batches: Sequence[Sequence[Message]], flush: int, immediate: bool | None = False
+) -> dict[str, object]:
+    """_ENQUEUE's parameters for ``batches`` (each one caller's, in order), one after another;
+    ``immediate=False``: no in-transaction NOTIFY (the service wakes the daemon after the commit)."""
+    return _params(queue, [m for batch in batches for m in batch], immediate, flush)
 
 
 def split_ids(queue: str, row: tuple[Any, ...] | None, sizes: Sequence[int]) -> list[list[int]]:

@@ -79,6 +79,9 @@ class EnqueueWork:
     flush: int
     before_commit: Callable[[list[int]], None] | None = None
     after_commit: Callable[[], None] | None = None
+    # None: NOTIFY the daemon in the transaction if the queue is an immediate forwarding one (for a
+    # queue the service found no rule for: created since); False: the caller wakes it after the commit.
+    immediate: bool | None = False
 
     @property
     def size(self) -> int:
@@ -137,16 +140,19 @@ class _Statement:
 
 def _statements(calls: Sequence[_Call]) -> list[_Statement]:
     """One statement per (kind, queue, flush), in the order of each key's first call."""
-    keyed: dict[tuple[str, str, int], list[_Call]] = {}
+    keyed: dict[tuple[str, str, int, bool | None], list[_Call]] = {}
     for call in calls:
         work = call.work
-        key = ("enqueue", work.queue, work.flush) if isinstance(work, EnqueueWork) else ("ack", work.queue, 0)
+        if isinstance(work, EnqueueWork):
+            key = ("enqueue", work.queue, work.flush, work.immediate)
+        else:
+            key = ("ack", work.queue, 0, None)
         keyed.setdefault(key, []).append(call)
     out = []
-    for (kind, queue, flush), members in keyed.items():
+    for (kind, queue, flush, immediate), members in keyed.items():
         if kind == "enqueue":
             batches = [c.work.messages for c in members if isinstance(c.work, EnqueueWork)]
-            out.append(_Statement(members, ENQUEUE_STATEMENT, merged_params(queue, batches, flush)))
+            out.append(_Statement(members, ENQUEUE_STATEMENT, merged_params(queue, batches, flush, immediate)))
         else:
             leases = list(
                 dict.fromkeys(lease for c in members if isinstance(c.work, AckWork) for lease in c.work.leases)
@@ -191,7 +197,7 @@ class GroupCommit:
         self.stats = GroupStats()
         self._waiting: deque[_Call] = deque()
         self._arrived = asyncio.Event()
-        self._running = False
+        self._running = True  # until run() ends: calls made before it starts wait for it
 
     async def submit(self, work: Work) -> Any:
         """Run ``work`` in the next group; its outcome once the group has committed."""
@@ -205,7 +211,6 @@ class GroupCommit:
     async def run(self) -> None:
         """Form and commit groups (a background task for the service's life)."""
         slots = asyncio.Semaphore(self.in_flight)
-        self._running = True
         try:
             async with asyncio.TaskGroup() as tasks:
                 while True:

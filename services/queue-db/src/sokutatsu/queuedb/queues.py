@@ -311,8 +311,9 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         with send_span(name, batch) as (written, span):
             try:
                 rule = await self._forwarding(name)
-                if rule is None:
-                    seqs: list[int] = await self.groups.durable.submit(EnqueueWork(name, written, FLUSH_BOTH))
+                if rule is None:  # local, or not there when looked up: the statement finds out (and notifies)
+                    work = EnqueueWork(name, written, FLUSH_BOTH, immediate=None)
+                    seqs: list[int] = await self.groups.durable.submit(work)
                 else:
                     # The daemon is woken after the commit, not by a NOTIFY in the transaction (see Waker).
                     wake = functools.partial(self.waker.wake, rule.node) if rule.immediate else None
