@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from sokutatsu.core.errors import Unavailable
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER, Message
-from sokutatsu.queuedb.group_commit import EnqueueWork, Groups
+from sokutatsu.queuedb.group_commit import EnqueueWork, Groups, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +145,21 @@ class Turns:
 
 
 async def enqueue_alternating(  # noqa: PLR0917 - the request, and what to call after its commit
-    groups: Groups, turns: Turns, queue: str, node: str, messages: Sequence[Message], committed: Callable[[], None]
+    groups: Groups,
+    turns: Turns,
+    queue: str,
+    node: str,
+    messages: Sequence[Message],
+    committed: Callable[[], None],
+    ticket: Ticket | None = None,
 ) -> list[int]:
     """One Enqueue request into a forwarding ``queue`` (to ``node``), flushed where the turn says;
     ``committed()`` once it is committed here (it wakes the transfer daemon). Each turn commits in
     a group of its own kind (sokutatsu.queuedb.group_commit): the sender's with the flush, the
     receiver's without."""
     if not turns.receiver_turn(queue, node):
-        ids: list[int] = await groups.durable.submit(EnqueueWork(queue, messages, FLUSH_SENDER, after_commit=committed))
+        work = EnqueueWork(queue, messages, FLUSH_SENDER, after_commit=committed)
+        ids: list[int] = await groups.durable.submit(work, ticket)
         return ids
     expected: list[int] = []
     futures: list[asyncio.Future[None]] = []
@@ -166,7 +173,7 @@ async def enqueue_alternating(  # noqa: PLR0917 - the request, and what to call 
 
     try:
         ids = await groups.lazy.submit(
-            EnqueueWork(queue, messages, FLUSH_RECEIVER, before_commit=expect, after_commit=committed)
+            EnqueueWork(queue, messages, FLUSH_RECEIVER, before_commit=expect, after_commit=committed), ticket
         )
     except BaseException:
         turns.forget(expected)

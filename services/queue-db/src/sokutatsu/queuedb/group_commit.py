@@ -2,11 +2,13 @@
 
 A call does not open a transaction of its own: it puts its work (a :class:`EnqueueWork` or an
 :class:`AckWork`) in a :class:`GroupCommit`'s queue and waits. The committer takes what has
-arrived (up to ``max_calls`` calls and ``max_messages`` messages, after waiting ``window`` for
-more when fewer are there), runs it as one transaction on one pooled connection in pipeline mode
-(``BEGIN``, one prepared statement per queue and kind for every call of the group, ``COMMIT``:
-one round trip) and answers every call of the group. While a group commits, the next one forms;
-``in_flight`` groups may commit at once, each on its own connection.
+arrived (up to ``max_calls`` calls and ``max_messages`` messages), after waiting up to
+``window`` for the calls already inside the service on their way to a group, if there are any
+(:class:`Arrivals`: a lone call never waits), and runs it as one transaction on one pooled
+connection in pipeline mode (``BEGIN``, one prepared statement per queue and kind for every
+call of the group, ``COMMIT``: one round trip), then answers every call of the group. While a
+group commits, the next one forms; ``in_flight`` groups may commit at once, each on its own
+connection.
 
 The invariants, kept here and nowhere else:
 
@@ -36,6 +38,7 @@ The invariants, kept here and nowhere else:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import deque
@@ -182,13 +185,52 @@ def _outcomes(statement: _Statement, row: tuple[Any, ...] | None) -> list[Any]:
     return out
 
 
+class Arrivals:
+    """How many ``Enqueue`` and ``Ack`` calls are inside the service and have not joined a group yet:
+    a group waits for them (up to its window) only while there are some."""
+
+    def __init__(self) -> None:
+        self.coming = 0
+
+    def ticket(self) -> Ticket:
+        return Ticket(self)
+
+
+class Ticket:
+    """One call on its way to a group; closed when it joins one, or when its handler ends without."""
+
+    def __init__(self, arrivals: Arrivals) -> None:
+        self._arrivals = arrivals
+        self._open = True
+        arrivals.coming += 1
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._arrivals.coming -= 1
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 class GroupCommit:
     """Forms groups of calls and commits each as one transaction (the module's invariants)."""
 
     def __init__(  # noqa: PLR0917 - the pool and the knobs
-        self, db: Database, durable: bool, window_s: float, max_calls: int, max_messages: int, in_flight: int
+        self,
+        db: Database,
+        durable: bool,
+        window_s: float,
+        max_calls: int,
+        max_messages: int,
+        in_flight: int,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.db = db
+        self.arrivals = arrivals or Arrivals()
         self.durable = durable
         self.window = window_s
         self.max_calls = max_calls
@@ -199,8 +241,11 @@ class GroupCommit:
         self._arrived = asyncio.Event()
         self._running = True  # until run() ends: calls made before it starts wait for it
 
-    async def submit(self, work: Work) -> Any:
-        """Run ``work`` in the next group; its outcome once the group has committed."""
+    async def submit(self, work: Work, ticket: Ticket | None = None) -> Any:
+        """Run ``work`` in the next group; its outcome once the group has committed. ``ticket``:
+        the call's, from :meth:`Arrivals.ticket`, closed as it joins."""
+        if ticket is not None:
+            ticket.close()
         if not self._running:
             raise Unavailable("the node is not taking calls (it is starting or stopping); retry")
         call = _Call(work, asyncio.get_running_loop().create_future())
@@ -242,8 +287,7 @@ class GroupCommit:
             while not self._waiting:
                 self._arrived.clear()
                 await self._arrived.wait()
-            if self.window > 0 and len(self._waiting) < self.max_calls:
-                await asyncio.sleep(self.window)
+            await self._more()
             group: list[_Call] = []
             messages = 0
             while self._waiting and len(group) < self.max_calls:
@@ -258,6 +302,21 @@ class GroupCommit:
                 messages += call.work.size
             if group:
                 return group
+
+    async def _more(self) -> None:
+        """Wait up to ``window`` for the calls on their way (PostgreSQL's ``commit_siblings``, counted
+        exactly): none on their way, the group goes at once (a lone caller never waits)."""
+        if self.window <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.window
+        while len(self._waiting) < self.max_calls and self.arrivals.coming > 0:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
 
     async def _commit(self, group: list[_Call]) -> None:
         self.stats.groups += 1
@@ -361,3 +420,4 @@ class Groups:
 
     durable: GroupCommit
     lazy: GroupCommit
+    arrivals: Arrivals

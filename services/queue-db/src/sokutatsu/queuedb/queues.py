@@ -27,7 +27,7 @@ from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgu
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, record_ids, send_span
-from sokutatsu.queuedb.group_commit import AckWork, EnqueueWork, Groups
+from sokutatsu.queuedb.group_commit import AckWork, EnqueueWork, Groups, Ticket
 from sokutatsu.queuedb.limits import cap, check_rule
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.text import refuse_nul, valid_name
@@ -293,6 +293,13 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Enqueue(
         self, request: queuedb_pb2.EnqueueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.EnqueueResponse:
+        ticket = self.groups.arrivals.ticket()  # on its way to a group (a group waits for it)
+        try:
+            return await self._enqueue(request, ticket)
+        finally:
+            ticket.close()
+
+    async def _enqueue(self, request: queuedb_pb2.EnqueueRequest, ticket: Ticket) -> queuedb_pb2.EnqueueResponse:
         refuse_nul(request)
         name = _required(request.queue, "EnqueueRequest.queue")
         count, limit, largest = len(request.messages), self.settings.max_batch, self.settings.max_body_bytes
@@ -313,17 +320,17 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
                 rule = await self._forwarding(name)
                 if rule is None:  # local, or not there when looked up: the statement finds out (and notifies)
                     work = EnqueueWork(name, written, FLUSH_BOTH, immediate=None)
-                    seqs: list[int] = await self.groups.durable.submit(work)
+                    seqs: list[int] = await self.groups.durable.submit(work, ticket)
                 else:
                     # The daemon is woken after the commit, not by a NOTIFY in the transaction (see Waker).
                     wake = functools.partial(self.waker.wake, rule.node) if rule.immediate else None
                     if rule.alternate:
                         seqs = await enqueue_alternating(
-                            self.groups, self.turns, name, rule.node, written, wake or _nothing
+                            self.groups, self.turns, name, rule.node, written, wake or _nothing, ticket
                         )
                     else:
                         work = EnqueueWork(name, written, FLUSH_BOTH, after_commit=wake)
-                        seqs = await self.groups.durable.submit(work)
+                        seqs = await self.groups.durable.submit(work, ticket)
             except QueueNotFound:
                 raise _not_found(name) from None
             record_ids(span, seqs)
@@ -383,6 +390,13 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Ack(
         self, request: queuedb_pb2.AckRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.AckResponse:
+        ticket = self.groups.arrivals.ticket()
+        try:
+            return await self._ack(request, ticket)
+        finally:
+            ticket.close()
+
+    async def _ack(self, request: queuedb_pb2.AckRequest, ticket: Ticket) -> queuedb_pb2.AckResponse:
         refuse_nul(request)
         name = _required(request.queue, "AckRequest.queue")
         raw = list(request.lease_ids)
@@ -390,7 +404,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         parsed = [_parse_lease(lease) for lease in raw]
         good = list(dict.fromkeys(p for p in parsed if p is not None))
         try:
-            held: set[uuid.UUID] = await self.groups.durable.submit(AckWork(name, good))
+            held: set[uuid.UUID] = await self.groups.durable.submit(AckWork(name, good), ticket)
         except QueueNotFound:
             raise _not_found(name) from None
         # In request order, the ids whose lease did not hold: expired, unknown, of another queue, or malformed.

@@ -20,7 +20,7 @@ from sokutatsu.queuedb import database
 from sokutatsu.queuedb.alternate import Turns
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
-from sokutatsu.queuedb.group_commit import GroupCommit, Groups
+from sokutatsu.queuedb.group_commit import Arrivals, GroupCommit, Groups
 from sokutatsu.queuedb.queues import QueueServicer
 from sokutatsu.queuedb.receiver import TransferReceiver
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
@@ -80,19 +80,20 @@ def build(settings: QueueDbSettings) -> Register:
         db = Database(settings.dsn, pool_connections(settings), settings.instance)
         await db.open()
         context.stack.push_async_callback(db.close)
-        groups = Groups(
-            *(
-                GroupCommit(
-                    db,
-                    durable,
-                    settings.group_commit_window_us / 1e6,
-                    settings.group_commit_max_calls,
-                    settings.group_commit_max_messages,
-                    settings.group_commit_in_flight,
-                )
-                for durable in (True, False)
+        arrivals = Arrivals()
+        durable, lazy = (
+            GroupCommit(
+                db,
+                flushed,
+                settings.group_commit_window_us / 1e6,
+                settings.group_commit_max_calls,
+                settings.group_commit_max_messages,
+                settings.group_commit_in_flight,
+                arrivals,
             )
+            for flushed in (True, False)
         )
+        groups = Groups(durable, lazy, arrivals)
         context.start_background(groups.durable.run(), "group-commit")
         context.start_background(groups.lazy.run(), "group-commit-unflushed")
         turns = Turns(db, settings.alternate_wait_ms)

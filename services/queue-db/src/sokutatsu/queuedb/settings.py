@@ -60,10 +60,10 @@ class QueueDbSettings(ServiceSettings):
     )
     group_commit_window_us: int = setting(
         "GROUP_COMMIT_WINDOW_US",
-        0,
-        "Group commit: how long a group waits for more Enqueue and Ack calls after its first one, in "
-        "microseconds. 0: no wait; calls that arrive while groups commit form the next group (every call "
-        "shares the flush of the calls that arrived with it).",
+        1_000,
+        "Group commit: how long a group waits, in microseconds, for the Enqueue and Ack calls already inside "
+        "this node on their way to a group (as PostgreSQL's commit_delay with commit_siblings, counted "
+        "exactly): a lone call never waits. 0: no wait; the calls that arrive while groups commit form the next.",
         whole(0, 1_000_000, "microseconds"),
     )
     group_commit_max_calls: int = setting(
