@@ -26,6 +26,7 @@ from sokutatsu.queuedb.v1.queuedb_pb2 import (
     CreateQueueRequest,
     DequeueRequest,
     EnqueueRequest,
+    EnqueueResponse,
     NewMessage,
     Queue,
 )
@@ -87,7 +88,7 @@ async def queues(node: tuple[ServiceProc, str]) -> AsyncIterator[Stub]:
         yield stub
 
 
-async def _slow_group(queues: Stub) -> asyncio.Future[object]:
+async def _slow_group(queues: Stub) -> asyncio.Future[EnqueueResponse]:
     """A group that takes SLOW_SECONDS, started: the calls sent meanwhile wait for it together."""
     request = EnqueueRequest(queue="slow", messages=[NewMessage(body=SLOW)])
     call = asyncio.ensure_future(queues.Enqueue(request, timeout=RPC_TIMEOUT))
