@@ -19,7 +19,9 @@ TINY = QueueDbBenchConfig(
     batch=100,
     transfer_batch=200,
     remote_messages=200,
-    remote_clients=4,
+    remote_pgbench_seconds=1,
+    remote_callers=(4,),
+    remote_runs=1,
 )
 FIGURES = (
     "pgbench_insert_tps",
@@ -57,11 +59,20 @@ async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn:
         assert transfer["complete"], mode
     assert result["transfers_complete"]
     for durability in ("both", "alternate"):
-        remote = phases[f"remote_{durability}_1"]
-        assert remote["received"] == TINY.remote_messages + remote["warm_up_messages"], durability
+        remote = phases[f"remote_{durability}_4_1"]
+        assert phases[f"remote_{durability}-alone_4_1"]["complete"], durability
+        assert remote["health_check_floor"]["calls_per_s"] > 0
+        assert remote["received"] == remote["calls"] + remote["warm_up_calls"], durability
         assert remote["complete"], durability
         # Every message was flushed somewhere: node1's enqueue commits, or node2's batches.
         assert remote["node1_flushes_per_msg"] + remote["node2_flushes_per_msg"] > 0, durability
+        assert remote["cpu_us_per_call"]["node1_service"] > 0, durability
+        assert remote["cpu_us_per_call"]["node1_postgres"] > 0, durability
+        assert result["remote_enqueue"]["by_durability"][durability]["4"]["pgbench_tx_per_s"] > 0
+        # The runs with each call committed alone are summed up too (they once were left out).
+        assert result["remote_enqueue"]["each_call_alone"][durability]["calls_per_s_mean"] > 0, durability
+    assert result["remote_enqueue"]["ratios"]["alternate_vs_both_each_call_alone"] > 0
+    assert result["remote_enqueue"]["complete"]
     ratios = result["ratios"]
     assert ratios["enqueue_vs_raw"] > 0
     assert ratios["onephase_vs_twophase"] > 0

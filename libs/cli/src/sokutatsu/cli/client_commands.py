@@ -414,63 +414,87 @@ def bench_peers(
 def bench_queuedb(
     quick: Annotated[bool, typer.Option("--quick", help="Shorter phases, for a smoke run of about a minute.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the result here.")] = None,
+    only: Annotated[
+        str, typer.Option("--only", help="'remote': only the remote-enqueue section (callers, pgbench beside).")
+    ] = "all",
 ) -> None:
-    """Queue-db: enqueue vs raw insert, SDK enqueue and batches, transfer 1PC vs 2PC, alternating durability."""
+    """Queue-db: enqueue vs raw insert, SDK enqueue and batches, transfer 1PC vs 2PC, remote enqueue."""
     import os  # noqa: PLC0415 - only for this command
 
     from sokutatsu.cli.bench_common import write_json  # noqa: PLC0415
     from sokutatsu.cli.bench_queuedb import FULL, QUICK, run  # noqa: PLC0415
 
+    if only not in ("all", "remote"):
+        raise typer.BadParameter("--only takes 'all' or 'remote'")
     cfg = QUICK if quick else FULL
     server_dsn = os.environ.get("SOKUTATSU_PG_DSN") or None
+    callers = ", ".join(str(c) for c in cfg.remote_callers)
     console.print(
-        f"bench queue-db ({'quick' if quick else 'full'}) on "
-        f"{'SOKUTATSU_PG_DSN' if server_dsn else 'an embedded PostgreSQL cluster'}: {cfg.concurrency} clients, "
-        f"{cfg.size}-byte bodies, {cfg.seconds}s per phase (raw insert, enqueue with pgbench, SDK enqueue, "
+        f"bench queue-db ({'quick' if quick else 'full'}"
+        + (", remote enqueue only" if only == "remote" else "")
+        + f") on {'SOKUTATSU_PG_DSN' if server_dsn else 'an embedded PostgreSQL cluster'}: {cfg.concurrency} "
+        f"clients, {cfg.size}-byte bodies, {cfg.seconds}s per phase (raw insert, enqueue with pgbench, SDK enqueue, "
         f"batches of {cfg.batch:,}); then transfer of {cfg.transfer_messages:,} messages node1 -> node2, 1PC and 2PC; "
-        f"then {cfg.remote_messages:,} remote Enqueue calls, alternating durability vs both"
+        f"then remote Enqueue calls from {callers} callers ({cfg.remote_messages:,} per run), durable on both and "
+        "alternating, beside pgbench on node1's cluster"
     )
-    result = asyncio.run(run(cfg, server_dsn, "SOKUTATSU_PG_DSN"))
+    result = asyncio.run(run(cfg, server_dsn, "SOKUTATSU_PG_DSN", only))
     result["mode"] = "quick" if quick else "full"
     phases = result["phases"]
 
     def line(label: str, value: int | None, unit: str, phase: str) -> None:
         console.print(f"  {label:<42} {value:>10,} {unit:<8} CPU steal {phases[phase]['cpu_steal_percent']}%")
 
-    line("pgbench raw insert", result["pgbench_insert_tps"], "tx/s", "pgbench_insert")
-    line("enqueue (pgbench, SDK SQL)", result["enqueue_tx_per_s"], "tx/s", "enqueue_pgbench")
-    line("SDK enqueue_async", result["sdk_enqueue_tx_per_s"], "tx/s", "sdk_enqueue")
-    line(f"SDK enqueue_batch ({cfg.batch:,})", result["enqueue_batch_msgs_per_s"], "msgs/s", "enqueue_batch")
-    for key in [f"transfer_{m}{where}" for where in ("", "_small_batch", "_wan") for m in ("1pc", "2pc")]:
-        transfer = phases[key]
-        link = f", {transfer['link_one_way_ms']:g} ms link" if transfer["link_one_way_ms"] else ""
-        line(f"transfer {key[9:12]}, batches of {transfer['batch']:,}{link}", transfer["msgs_per_s"], "msgs/s", key)
+    if only == "all":
+        line("pgbench raw insert", result["pgbench_insert_tps"], "tx/s", "pgbench_insert")
+        line("enqueue (pgbench, SDK SQL)", result["enqueue_tx_per_s"], "tx/s", "enqueue_pgbench")
+        line("SDK enqueue_async", result["sdk_enqueue_tx_per_s"], "tx/s", "sdk_enqueue")
+        line(f"SDK enqueue_batch ({cfg.batch:,})", result["enqueue_batch_msgs_per_s"], "msgs/s", "enqueue_batch")
+        for key in [f"transfer_{m}{where}" for where in ("", "_small_batch", "_wan") for m in ("1pc", "2pc")]:
+            transfer = phases[key]
+            link = f", {transfer['link_one_way_ms']:g} ms link" if transfer["link_one_way_ms"] else ""
+            line(f"transfer {key[9:12]}, batches of {transfer['batch']:,}{link}", transfer["msgs_per_s"], "msgs/s", key)
+            console.print(
+                f"    {transfer['received']:,} of {transfer['messages']:,} received in {transfer['seconds']}s after "
+                f"the daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} "
+                f"msgs/s with it), outbox left {transfer['outbox_left']}, complete {transfer['complete']}"
+            )
+    for key, phase in phases.items():
+        if key.startswith("remote_pgbench_"):
+            line(f"pgbench insert, node1's cluster, {phase['clients']} clients", phase["tx_per_s"], "tx/s", key)
+        elif key.startswith("remote_"):
+            line(
+                f"remote enqueue, {phase['durability']}, {phase['callers']} callers",
+                phase["calls_per_s"],
+                "calls/s",
+                key,
+            )
+            cpu = ", ".join(f"{k} {v}" for k, v in phase["cpu_us_per_call"].items())
+            floor = phase["health_check_floor"]
+            console.print(
+                f"    {'' if phase['grouped'] else 'each call committed alone; '}latency ms {phase['latency_ms']}; "
+                f"health-check floor {floor['calls_per_s']:,} calls/s, CPU µs per call {floor['cpu_us_per_call']}"
+            )
+            console.print(
+                f"    WAL flushes per message: node1 {phase['node1_flushes_per_msg']}, node2 "
+                f"{phase['node2_flushes_per_msg']}; CPU µs per call: {cpu} (all {phase['cpu_us_per_call_total']}); "
+                f"{phase['received']:,} received, outbox left {phase['outbox_left']}, complete {phase['complete']}"
+            )
+    remote = result["remote_enqueue"]
+    console.print(f"remote enqueue ratios: {remote['ratios']}")
+    if only == "all":
+        ratios = result["ratios"]
         console.print(
-            f"    {transfer['received']:,} of {transfer['messages']:,} received in {transfer['seconds']}s after the "
-            f"daemon's start-up of {transfer['daemon_start_s']}s ({transfer['msgs_per_s_from_launch']:,} msgs/s "
-            f"with it), outbox left {transfer['outbox_left']}, complete {transfer['complete']}"
+            f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
+            f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
+            f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}), "
+            f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}, "
+            f"between sites {ratios['onephase_vs_twophase_wan']}; "
+            f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
         )
-    for key in sorted(k for k in phases if k.startswith("remote_")):
-        remote = phases[key]
-        line(f"remote enqueue, {remote['durability']} (run {key[-1]})", remote["msgs_per_s"], "msgs/s", key)
-        console.print(
-            f"    WAL flushes per message: node1 {remote['node1_flushes_per_msg']}, "
-            f"node2 {remote['node2_flushes_per_msg']}; "
-            f"{remote['received']:,} received, outbox left {remote['outbox_left']}, complete {remote['complete']}"
-        )
-    ratios = result["ratios"]
-    console.print(
-        f"ratios: enqueue/raw {ratios['enqueue_vs_raw']} (target >= {ratios['enqueue_vs_raw_target']}), "
-        f"batch target {ratios['batch_target_msgs_per_s']:,} msgs/s met {ratios['batch_target_met']}, "
-        f"1PC/2PC {ratios['onephase_vs_twophase']} (target >= {ratios['onephase_vs_twophase_target']}), "
-        f"with batches of 10 {ratios['onephase_vs_twophase_small_batch']}, "
-        f"between sites {ratios['onephase_vs_twophase_wan']}; alternate/both "
-        f"{ratios['alternate_vs_both']} (target >= {ratios['alternate_vs_both_target']}); "
-        f"PostgreSQL {result['postgres']['version']} ({result['postgres']['source']})"
-    )
     write_json(json_path, result)
     if json_path:
         console.print(f"wrote {json_path}")
-    print(json.dumps({k: result[k] for k in ("pgbench_insert_tps", "enqueue_tx_per_s", "ratios")}))  # noqa: T201
-    if not result["transfers_complete"]:
+    print(json.dumps(result["ratios"] if only == "all" else remote["ratios"]))  # noqa: T201
+    if not (result["transfers_complete"] if only == "all" else remote["complete"]):
         raise typer.Exit(1)

@@ -225,6 +225,36 @@ async def enqueue_async(
         return _ids(span, [int(row[0])])[0]
 
 
+# -- for the queue-db service's group commit (sokutatsu.queuedb.group_commit) --------------------------
+# Several callers' batches into one queue go as one _ENQUEUE statement: their messages one after
+# another, so each caller's ids are a contiguous slice of the statement's ids, in its order.
+ENQUEUE_STATEMENT = _ENQUEUE
+send_span = _traced  # the ``send {queue}`` span of one caller's messages, and them as they are to be written
+record_ids = _ids
+
+
+def merged_params(
+    queue: str, batches: Sequence[Sequence[Message]], flush: int, immediate: bool | None = False
+) -> dict[str, object]:
+    """_ENQUEUE's parameters for ``batches`` (each one caller's, in order), one after another;
+    ``immediate=False``: no in-transaction NOTIFY (the service wakes the daemon after the commit)."""
+    return _params(queue, [m for batch in batches for m in batch], immediate, flush)
+
+
+def split_ids(queue: str, row: tuple[Any, ...] | None, sizes: Sequence[int]) -> list[list[int]]:
+    """Each batch's ids from _ENQUEUE's row for :func:`merged_params`: ``sizes[i]`` ids for batch i,
+    in order. Rows are inserted in array order, so the sorted ids follow it. ``QueueNotFound`` when
+    the queue does not exist."""
+    ids = _result(queue, row)
+    if len(ids) != sum(sizes):
+        raise RuntimeError(f"the enqueue statement gave {len(ids)} ids for {sum(sizes)} messages")
+    out, start = [], 0
+    for size in sizes:
+        out.append(ids[start : start + size])
+        start += size
+    return out
+
+
 async def enqueue_batch_async(
     conn: psycopg.AsyncConnection[Any],
     queue: str,

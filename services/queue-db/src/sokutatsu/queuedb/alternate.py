@@ -26,15 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import psycopg
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from sokutatsu.core.errors import Unavailable
 from sokutatsu.queuedb.db import Database
-from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER
+from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER, Message
+from sokutatsu.queuedb.group_commit import EnqueueWork, Groups, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -144,28 +144,39 @@ class Turns:
                     self._listening.clear()
 
 
-# Enqueues into a connection's open transaction with the given outbox.flush; returns the outbox ids.
-EnqueueInto = Callable[[psycopg.AsyncConnection[Any], int], Awaitable[list[int]]]
-
-
 async def enqueue_alternating(  # noqa: PLR0917 - the request, and what to call after its commit
-    db: Database, turns: Turns, queue: str, node: str, enqueue: EnqueueInto, committed: Callable[[], None]
+    groups: Groups,
+    turns: Turns,
+    queue: str,
+    node: str,
+    messages: Sequence[Message],
+    committed: Callable[[], None],
+    ticket: Ticket | None = None,
 ) -> list[int]:
     """One Enqueue request into a forwarding ``queue`` (to ``node``), flushed where the turn says;
-    ``committed()`` once it is committed here (it wakes the transfer daemon)."""
+    ``committed()`` once it is committed here (it wakes the transfer daemon). Each turn commits in
+    a group of its own kind (sokutatsu.queuedb.group_commit): the sender's with the flush, the
+    receiver's without."""
     if not turns.receiver_turn(queue, node):
-        async with db.transaction() as conn:
-            ids = await enqueue(conn, FLUSH_SENDER)
-        committed()
+        work = EnqueueWork(queue, messages, FLUSH_SENDER, after_commit=committed)
+        ids: list[int] = await groups.durable.submit(work, ticket)
         return ids
-    ids = []
+    expected: list[int] = []
+    futures: list[asyncio.Future[None]] = []
+
+    def expect(ids: list[int]) -> None:
+        # Before the COMMIT is sent: the confirmation may come right after it. (Again, should the
+        # group be refused and this call run alone: then with its new ids.)
+        turns.forget(expected)
+        expected[:] = ids
+        futures[:] = turns.expect(ids)
+
     try:
-        async with db.transaction(durable=False) as conn:
-            ids = await enqueue(conn, FLUSH_RECEIVER)
-            futures = turns.expect(ids)
+        ids = await groups.lazy.submit(
+            EnqueueWork(queue, messages, FLUSH_RECEIVER, before_commit=expect, after_commit=committed), ticket
+        )
     except BaseException:
-        turns.forget(ids)
+        turns.forget(expected)
         raise
-    committed()
     await turns.confirmed(node, ids, futures)
     return ids

@@ -39,6 +39,14 @@ NOT_ANSWERING = ("08", "57014", "57P01", "57P02", "57P03", "58")
 TRANSIENT = ("40", "55P03", "55006")
 
 
+def answered(exc: psycopg.Error) -> bool:
+    """Whether the database answered ``exc`` (a statement or the commit refused: the transaction did
+    not commit), rather than the connection breaking or the server going away (a COMMIT sent then
+    may or may not have committed)."""
+    state = exc.sqlstate or ""
+    return bool(state) and not state.startswith(NOT_ANSWERING)
+
+
 class Database:
     def __init__(self, dsn: str, size: int, node: str = "") -> None:
         self.dsn = dsn
@@ -48,7 +56,7 @@ class Database:
         self.not_answering = asyncio.Event()
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             dsn,
-            min_size=1,
+            min_size=size,
             max_size=size,
             open=False,
             timeout=POOL_TIMEOUT_SECONDS,
@@ -83,9 +91,9 @@ class Database:
                 f"{self.where} does not answer: no connection within {POOL_TIMEOUT_SECONDS:g} s; retry later"
             ) from None
         except psycopg.Error as exc:
-            raise self._status(exc) from None
+            raise self.status(exc) from None
 
-    def _status(self, exc: psycopg.Error) -> Exception:
+    def status(self, exc: psycopg.Error) -> Exception:
         """The domain error for a driver error, or ``exc`` itself when it is none of the kinds above
         (a caller may handle it: PrepareBatch's ``DuplicateObject``, FinishPrepared's ``UndefinedObject``)."""
         state = exc.sqlstate or ""

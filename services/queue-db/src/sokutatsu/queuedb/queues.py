@@ -15,18 +15,19 @@ transfer daemon (through the same SDK call applications use), and it cannot be d
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 from grpc import aio
 
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
 from sokutatsu.queuedb.db import Database
-from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, enqueue_batch_async
+from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, record_ids, send_span
+from sokutatsu.queuedb.group_commit import AckWork, EnqueueWork, Groups, Ticket
 from sokutatsu.queuedb.limits import cap, check_rule
 from sokutatsu.queuedb.settings import QueueDbSettings
 from sokutatsu.queuedb.text import refuse_nul, valid_name
@@ -80,18 +81,8 @@ FROM q LEFT JOIN leased l ON true
 ORDER BY l.seq
 """
 
-# Ack and Nack: the first column says whether the queue exists, the second which leases held.
-# A lease holds while its row has it and its visible_at has not passed.
-_ACK = """
-WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
-done AS (
-    DELETE FROM sokutatsu.messages m USING q
-    WHERE m.queue = q.name AND m.lease_id = ANY(%(leases)s::uuid[]) AND m.visible_at > now()
-    RETURNING m.lease_id
-)
-SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
-"""
-
+# Nack: the first column says whether the queue exists, the second which leases held.
+# A lease holds while its row has it and its visible_at has not passed (Ack: group_commit.ACK_STATEMENT).
 _NACK = """
 WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
 done AS (
@@ -202,6 +193,10 @@ class _Forwarding:
     alternate: bool  # alternating durability (seed 001) for Enqueue calls
 
 
+def _nothing() -> None:
+    pass
+
+
 def _parse_lease(lease: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(lease)
@@ -210,8 +205,9 @@ def _parse_lease(lease: str) -> uuid.UUID | None:
 
 
 class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
-    def __init__(self, db: Database, settings: QueueDbSettings, turns: Turns, waker: Waker) -> None:
+    def __init__(self, db: Database, settings: QueueDbSettings, turns: Turns, waker: Waker, groups: Groups) -> None:
         self.db = db
+        self.groups = groups
         self.settings = settings
         self.turns = turns
         self.waker = waker
@@ -297,6 +293,13 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Enqueue(
         self, request: queuedb_pb2.EnqueueRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.EnqueueResponse:
+        ticket = self.groups.arrivals.ticket()  # on its way to a group (a group waits for it)
+        try:
+            return await self._enqueue(request, ticket)
+        finally:
+            ticket.close()
+
+    async def _enqueue(self, request: queuedb_pb2.EnqueueRequest, ticket: Ticket) -> queuedb_pb2.EnqueueResponse:
         refuse_nul(request)
         name = _required(request.queue, "EnqueueRequest.queue")
         count, limit, largest = len(request.messages), self.settings.max_batch, self.settings.max_body_bytes
@@ -311,32 +314,26 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
                     "enqueue a reference"
                 )
         batch = [Message(bytes(m.body), dict(m.headers) or None, m.key) for m in request.messages]
-
-        async def into(conn: psycopg.AsyncConnection[Any], flush: int) -> list[int]:
-            # The daemon is woken after the commit, not by a NOTIFY in this transaction (see Waker).
-            return await enqueue_batch_async(conn, name, batch, immediate=False, flush=flush)
-
-        try:
-            rule = await self._forwarding(name)
-            if rule is None:
-                async with self.db.transaction() as conn:
-                    seqs = await enqueue_batch_async(conn, name, batch)
-            else:
-
-                def committed() -> None:
-                    if rule.immediate:
-                        self.waker.wake(rule.node)
-
-                if rule.alternate:
-                    seqs = await enqueue_alternating(self.db, self.turns, name, rule.node, into, committed)
+        # Checked above: from here on, only the database can refuse the call (group_commit, invariant 3).
+        with send_span(name, batch) as (written, span):
+            try:
+                rule = await self._forwarding(name)
+                if rule is None:  # local, or not there when looked up: the statement finds out (and notifies)
+                    work = EnqueueWork(name, written, FLUSH_BOTH, immediate=None)
+                    seqs: list[int] = await self.groups.durable.submit(work, ticket)
                 else:
-                    async with self.db.transaction() as conn:
-                        seqs = await into(conn, FLUSH_BOTH)
-                    committed()
-        except QueueNotFound:
-            raise _not_found(name) from None
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+                    # The daemon is woken after the commit, not by a NOTIFY in the transaction (see Waker).
+                    wake = functools.partial(self.waker.wake, rule.node) if rule.immediate else None
+                    if rule.alternate:
+                        seqs = await enqueue_alternating(
+                            self.groups, self.turns, name, rule.node, written, wake or _nothing, ticket
+                        )
+                    else:
+                        work = EnqueueWork(name, written, FLUSH_BOTH, after_commit=wake)
+                        seqs = await self.groups.durable.submit(work, ticket)
+            except QueueNotFound:
+                raise _not_found(name) from None
+            record_ids(span, seqs)
         return queuedb_pb2.EnqueueResponse(seqs=seqs)
 
     async def _forwarding(self, queue: str) -> _Forwarding | None:
@@ -393,10 +390,25 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def Ack(
         self, request: queuedb_pb2.AckRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.AckResponse:
+        ticket = self.groups.arrivals.ticket()
+        try:
+            return await self._ack(request, ticket)
+        finally:
+            ticket.close()
+
+    async def _ack(self, request: queuedb_pb2.AckRequest, ticket: Ticket) -> queuedb_pb2.AckResponse:
         refuse_nul(request)
         name = _required(request.queue, "AckRequest.queue")
-        expired = await self._settle(name, list(request.lease_ids), _ACK, {}, "Ack")
-        return queuedb_pb2.AckResponse(expired=expired)
+        raw = list(request.lease_ids)
+        cap("AckRequest.lease_ids", len(raw), self.settings.max_batch, "MAX_BATCH", "lease ids")
+        parsed = [_parse_lease(lease) for lease in raw]
+        good = list(dict.fromkeys(p for p in parsed if p is not None))
+        try:
+            held: set[uuid.UUID] = await self.groups.durable.submit(AckWork(name, good), ticket)
+        except QueueNotFound:
+            raise _not_found(name) from None
+        # In request order, the ids whose lease did not hold: expired, unknown, of another queue, or malformed.
+        return queuedb_pb2.AckResponse(expired=[lease for lease, p in zip(raw, parsed, strict=True) if p not in held])
 
     async def Nack(
         self, request: queuedb_pb2.NackRequest, context: aio.ServicerContext[Any, Any]

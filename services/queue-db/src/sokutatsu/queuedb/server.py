@@ -20,10 +20,11 @@ from sokutatsu.queuedb import database
 from sokutatsu.queuedb.alternate import Turns
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
+from sokutatsu.queuedb.group_commit import Arrivals, GroupCommit, Groups
 from sokutatsu.queuedb.queues import QueueServicer
 from sokutatsu.queuedb.receiver import TransferReceiver
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate
-from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.queuedb.settings import QueueDbSettings, pool_connections
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.wake import Waker
 
@@ -76,14 +77,30 @@ def build(settings: QueueDbSettings) -> Register:
             redact_dsn(settings.dsn),
             applied or "none",
         )
-        db = Database(settings.dsn, settings.pool_size, settings.instance)
+        db = Database(settings.dsn, pool_connections(settings), settings.instance)
         await db.open()
         context.stack.push_async_callback(db.close)
+        arrivals = Arrivals()
+        durable, lazy = (
+            GroupCommit(
+                db,
+                flushed,
+                settings.group_commit_window_us / 1e6,
+                settings.group_commit_max_calls,
+                settings.group_commit_max_messages,
+                settings.group_commit_in_flight,
+                arrivals,
+            )
+            for flushed in (True, False)
+        )
+        groups = Groups(durable, lazy, arrivals)
+        context.start_background(groups.durable.run(), "group-commit")
+        context.start_background(groups.lazy.run(), "group-commit-unflushed")
         turns = Turns(db, settings.alternate_wait_ms)
         context.start_background(turns.listen(), "alternate-confirmations")
         waker = Waker(db)
         context.start_background(waker.run(), "transfer-waker")
-        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings, turns, waker), server)
+        queuedb_pb2_grpc.add_QueueServiceServicer_to_server(QueueServicer(db, settings, turns, waker, groups), server)
         queuedb_pb2_grpc.add_TransferServicer_to_server(
             TransferReceiver(db, settings.max_batch, CrashPoints(settings.crash_at)), server
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -58,7 +59,39 @@ class QueueDbSettings(ServiceSettings):
         parse_positive_float,
     )
     pool_size: int = setting(
-        "POOL_SIZE", 8, "Database connections the node keeps open for its RPCs.", whole(1, 1000, "connections")
+        "POOL_SIZE",
+        0,
+        "Database connections the node keeps open for its RPCs; 0: two per CPU core (at least 4). Grouped "
+        "commits (GROUP_COMMIT_*) need few: each group in flight holds one.",
+        whole(0, 1000, "connections"),
+    )
+    group_commit_window_us: int = setting(
+        "GROUP_COMMIT_WINDOW_US",
+        1_000,
+        "Group commit: how long a group waits, in microseconds, for the Enqueue and Ack calls already inside "
+        "this node on their way to a group (as PostgreSQL's commit_delay with commit_siblings, counted "
+        "exactly): a lone call never waits. 0: no wait; the calls that arrive while groups commit form the next.",
+        whole(0, 1_000_000, "microseconds"),
+    )
+    group_commit_max_calls: int = setting(
+        "GROUP_COMMIT_MAX_CALLS",
+        256,
+        "Group commit: most Enqueue and Ack calls in one transaction (one WAL flush). 1: each call commits "
+        "alone, as before group commit.",
+        whole(1, 100_000, "calls"),
+    )
+    group_commit_max_messages: int = setting(
+        "GROUP_COMMIT_MAX_MESSAGES",
+        10_000,
+        "Group commit: most messages (and lease ids) in one transaction; a single call over it commits alone.",
+        whole(1, 1_000_000, "messages"),
+    )
+    group_commit_in_flight: int = setting(
+        "GROUP_COMMIT_IN_FLIGHT",
+        2,
+        "Group commit: groups committing at once, each on its own pooled connection (the next group forms "
+        "while they commit).",
+        whole(1, 64, "groups"),
     )
     peers: tuple[str, ...] = setting(
         "PEERS",
@@ -137,3 +170,8 @@ class QueueDbSettings(ServiceSettings):
         "(receiver steps: receiver:stored, receiver:committed). Empty in production.",
         parse_crash_at,
     )
+
+
+def pool_connections(settings: QueueDbSettings) -> int:
+    """The pool's size: POOL_SIZE, or two per core (at least 4) when it is 0."""
+    return settings.pool_size or max(4, 2 * (os.cpu_count() or 1))
