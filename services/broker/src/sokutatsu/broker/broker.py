@@ -319,6 +319,8 @@ class Broker:
                 continue
             queue = self._add_queue(spec)
             adopted += 1
+            # Created again on the peer: no longer one to tell the peer to delete.
+            self.expired_names = [n for n in self.expired_names if n != (spec.topic, spec.subscriber_id)]
             log.info(
                 "created %s's subscription to %s as the peer holds it (%s here)",
                 spec.subscriber_id,
@@ -951,6 +953,9 @@ class Broker:
             self._expire(queue, "the peer expired it")
             removed += 1
         if removed:
+            # The peer hears a whole list without them, which clears its deleted names: a list of
+            # this broker's holding one later (a client created it again here) is then adopted.
+            self.subscriptions_version += 1
             await self._save_catalog()
 
     # ---------------------------------------------------------------- stats --

@@ -36,9 +36,13 @@ async def watch(
     change of reachability on ``on_change``."""
     reachable = True
     wake = check_now or asyncio.Event()
+    loop = asyncio.get_running_loop()
     while True:
+        checked = loop.time()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), interval if reachable else min(interval, RECHECK_DOWN_SECONDS))
+        # Woken by failing calls: at most one check per RECHECK_DOWN_SECONDS all the same.
+        await asyncio.sleep(max(0.0, checked + min(interval, RECHECK_DOWN_SECONDS) - loop.time()))
         wake.clear()
         try:
             await server_version(dsn)

@@ -380,6 +380,7 @@ class GroupCommit:
             if not hooks:
                 await _read(statements, cursors)
         except PoolTimeout:
+            self.db.not_answering.set()
             raise Unavailable(
                 f"{self.db.where} does not answer: no connection within {POOL_TIMEOUT_SECONDS:g} s; retry later"
             ) from None

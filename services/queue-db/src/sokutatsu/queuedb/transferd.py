@@ -248,20 +248,27 @@ class PeerLink:
                     await asyncio.sleep(min(MAX_BACKOFF, 0.05 * 2 ** (self._failures - 2)))
 
     async def _until_serving(self, channel: aio.Channel, health: health_pb2_grpc.HealthStub) -> bool:
-        """Until the receiver's health answers ``SERVING`` (at most ``MAX_BACKOFF``); whether it was
-        seen down first (not connected, or another status)."""
+        """Until the receiver's health answers ``SERVING``; whether it was seen down first (not
+        connected, or another status). A receiver seen down is watched for as long as it takes
+        (each watch bounded by ``MAX_BACKOFF``, then renewed); one that serves but gives no answer
+        in time (or has no health service) is left to the next session's own failure."""
         down = channel.get_state() != grpc.ChannelConnectivity.READY
-        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=MAX_BACKOFF)
-        try:
-            async for answer in watch:
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return down
+        while True:
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=MAX_BACKOFF)
+            try:
+                async for answer in watch:
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        return down
+                    down = True
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return False  # no health service: the next session's own failure says why
+            finally:
+                watch.cancel()
+            if channel.get_state() != grpc.ChannelConnectivity.READY:
                 down = True
-        except aio.AioRpcError:
-            pass  # timed out, or no health service: the next session's own failure says why
-        finally:
-            watch.cancel()
-        return False
+            if not down:
+                return False
 
     async def _session(self) -> None:
         async with (
