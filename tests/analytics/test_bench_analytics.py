@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from sokutatsu.analytics import synthetic, transforms
 from sokutatsu.analytics.reader import read_spans
-from sokutatsu.cli.bench_analytics import run
+from sokutatsu.bench.analytics import run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.spark]
 

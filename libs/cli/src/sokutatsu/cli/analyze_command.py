@@ -12,6 +12,18 @@ from rich.console import Console
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+# Spark and the job are the optional extra sokutatsu-cli[analytics]: the CLI (and the runtime image) go without.
+ANALYTICS_MISSING = (
+    "`sokutatsu analyze` needs the analytics extra (sokutatsu-analytics, pyspark), which is not installed: "
+    "pip install 'sokutatsu-cli[analytics]' (in the repository: make setup)"
+)
+_ANALYTICS_MODULES = ("sokutatsu.analytics", "pyspark", "pyarrow", "matplotlib")
+
+
+def analytics_missing(exc: ModuleNotFoundError) -> bool:
+    """Whether the import failed for want of the analytics extra (not of something else)."""
+    return any(exc.name == m or (exc.name or "").startswith(m + ".") for m in _ANALYTICS_MODULES)
+
 
 def analyze(
     traces: Annotated[
@@ -38,16 +50,22 @@ def analyze(
         raise typer.BadParameter("must be positive", param_hint="--window-seconds")
     if phase_seconds <= 0:
         raise typer.BadParameter("must be positive", param_hint="--phase-seconds")
-    from sokutatsu.analytics.job import analyze as run_job  # noqa: PLC0415 - Spark only for this command
-    from sokutatsu.analytics.job import spark_session  # noqa: PLC0415
-    from sokutatsu.analytics.reader import NoSpansError  # noqa: PLC0415
+    try:
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - Spark only for this command
+
+        from sokutatsu.analytics.job import analyze as run_job  # noqa: PLC0415
+        from sokutatsu.analytics.job import spark_session  # noqa: PLC0415
+        from sokutatsu.analytics.reader import NoSpansError  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        if not analytics_missing(exc):
+            raise
+        err.print(f"sokutatsu: error: {ANALYTICS_MISSING}", markup=False)
+        raise typer.Exit(2) from None
 
     started = time.monotonic()
 
     def progress(stage: str) -> None:
         console.print(f"[{time.monotonic() - started:6.1f} s] {stage}", markup=False)
-
-    from pyspark.sql import SparkSession  # noqa: PLC0415
 
     # In a process that already runs Spark (a notebook, a test) the job joins that session and leaves it running.
     ours = SparkSession.getActiveSession() is None

@@ -7,7 +7,6 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -18,17 +17,16 @@ from rich.table import Table
 from sokutatsu.cli import (
     analyze_command,
     auth_command,
-    bench_analytics,
-    bench_soak,
     certs,
     chaos,
     client_commands,
+    plugins,
     queuedb_command,
-    simulate_command,
     status_command,
 )
 from sokutatsu.cli.launcher import (
     Interrupted,
+    Ports,
     Running,
     StopSignals,
     Suite,
@@ -52,11 +50,6 @@ app = typer.Typer(
 )
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class Ports(StrEnum):
-    fixed = "fixed"
-    auto = "auto"
 
 
 @dataclass(frozen=True)
@@ -200,30 +193,7 @@ def up(
     _up(ports, check)
 
 
-@app.command()
-def demo(
-    ports: Annotated[Ports, typer.Option(help="fixed: the documented ports; auto: free ports.")] = Ports.auto,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="A reduced scenario: fewer symbols, ticks and orders, shorter phases.")
-    ] = False,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Folder for the run's traces and report.html [default: <state dir>/demo/out]."),
-    ] = None,
-    analyze: Annotated[
-        bool, typer.Option("--analyze/--no-analyze", help="Analyse the traces with Spark at the end.")
-    ] = True,
-) -> None:
-    """Run the suite with a market-data scenario, analyse its traces, print what was measured.
-
-    A feed and filtered subscribers on the broker pair (one turns slow: the monitor moves it to
-    the standby and back), a total-order group across two domains, order events from queue-db
-    node 1 to node 2 through a crash of the transfer daemon; then everything stops and
-    `sokutatsu analyze` writes report.html. Exit status 1 when any check fails (docs/demo.md).
-    """
-    from sokutatsu.cli.demo import FULL, QUICK, run_demo  # noqa: PLC0415 - the scenario only for this command
-
-    raise typer.Exit(run_demo(QUICK if quick else FULL, auto_ports=ports is Ports.auto, out=out, analyze=analyze))
+plugins.add_command(app, "demo")
 
 
 @app.command()
@@ -263,25 +233,14 @@ metrics_app = typer.Typer(help="Metrics of running services, as tables.", no_arg
 metrics_app.command("broker")(client_commands.metrics_broker)
 metrics_app.command("process")(client_commands.metrics_process)
 app.add_typer(metrics_app, name="metrics")
-bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
-bench_app.command("throughput")(client_commands.bench_throughput)
-bench_app.command("switchover")(client_commands.bench_switchover)
-bench_app.command("slow-subscriber")(client_commands.bench_slow_subscriber)
-bench_app.command("peers")(client_commands.bench_peers)
-bench_app.command("sequencer")(client_commands.bench_sequencer)
-bench_app.command("queue-db")(client_commands.bench_queuedb)
-bench_app.command("analytics")(bench_analytics.bench_analytics)
-bench_app.command("soak")(bench_soak.bench_soak)
-app.add_typer(bench_app, name="bench")
+plugins.add_command(app, "bench")
 queuedb_app = typer.Typer(help="Queue-db administration.", no_args_is_help=True)
 queuedb_app.command("migrate")(queuedb_command.queuedb_migrate)
 queuedb_app.command("psql", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     queuedb_command.queuedb_psql
 )
 app.add_typer(queuedb_app, name="queuedb")
-simulate_app = typer.Typer(help="Discrete-event simulations of the seeds' experiments.", no_args_is_help=True)
-simulate_app.command("atop")(simulate_command.simulate_atop)
-app.add_typer(simulate_app, name="simulate")
+plugins.add_command(app, "simulate")
 
 
 def main() -> None:

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sokutatsu.cli import chaos_sequencers
-from sokutatsu.cli.bench_common import machine, settle_collector
 from sokutatsu.cli.chaos_report import COLUMNS, html_report, row, write_json
 from sokutatsu.cli.chaos_run import ChaosConfig, peer_link_supported, random_seeds, run_many
+from sokutatsu.cli.measure import machine, settle_collector
 
 console = Console(highlight=False, soft_wrap=True, width=160)
 

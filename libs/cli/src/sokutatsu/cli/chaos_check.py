@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sokutatsu.cli.bench_common import percentile
+from sokutatsu.cli.measure import percentile
 
 
 # ------------------------------------------------------------------ histories --

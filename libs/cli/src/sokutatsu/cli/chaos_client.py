@@ -28,7 +28,7 @@ from typing import Any, Literal, TextIO
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.cli.bench_common import stdin_words
+from sokutatsu.cli.children import stdin_words
 from sokutatsu.client import Publisher, Subscriber
 from sokutatsu.core.tls import client_config
 

@@ -28,8 +28,8 @@ from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli import chaos_check as check
 from sokutatsu.cli import chaos_schedule as sched
-from sokutatsu.cli.bench_common import child_process, tell
 from sokutatsu.cli.chaos_proxy import LinkProxy
+from sokutatsu.cli.children import child_process, tell
 from sokutatsu.cli.launcher import Running, Suite
 from sokutatsu.cli.topology import ServiceProcess, suite
 from sokutatsu.core.embedded_pg import free_port

@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,6 +43,13 @@ from sokutatsu.harness import read_announce, spawn
 READY_TIMEOUT_SECONDS = 60.0
 STOP_MARGIN_SECONDS = 5.0
 HEALTH_RPC_TIMEOUT_SECONDS = 5.0
+
+
+class Ports(StrEnum):
+    """Where the suite listens: ``fixed``, the documented ports (7101...); ``auto``, free ones."""
+
+    fixed = "fixed"
+    auto = "auto"
 
 
 class LaunchError(StartupError):
