@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # Sokutatsu images (see docs/docker.md; docker-compose.yml builds both targets):
-#   runtime    every service (python -m sokutatsu.<service>) and the sokutatsu command
-#   analytics  runtime plus a Java 17 runtime for Spark (sokutatsu analyze)
-# The workspace is installed from uv.lock exactly (uv sync --locked), without the dev tools.
+#   runtime    every service (python -m sokutatsu.<service>) and the sokutatsu command: the
+#              sokutatsu-cli member and its dependencies, without its analytics extra (no Spark)
+#              and without the benchmarks and the demo (sokutatsu-bench, sokutatsu-demo)
+#   analytics  the same plus sokutatsu-cli[analytics] (pyspark) and a Java 17 runtime (sokutatsu analyze)
+# Each is installed from uv.lock exactly (uv sync --locked --package sokutatsu-cli), without the dev tools.
 
 # The same interpreter path in every stage: the virtual environment is copied, not rebuilt.
 # Bookworm because it ships openjdk-17-jre-headless (the analytics stage).
@@ -35,10 +37,14 @@ ENV UV_COMPILE_BYTECODE=1 \
 WORKDIR /src
 
 # 1. Third-party dependencies only: this layer is rebuilt when uv.lock or a pyproject.toml changes.
+#    Every member's pyproject.toml, for uv checks the whole workspace against uv.lock; the sync
+#    installs what sokutatsu-cli needs, nothing of the members it does not depend on.
 COPY pyproject.toml uv.lock .python-version ./
 COPY libs/client/pyproject.toml libs/client/README.md libs/client/
 COPY libs/core/pyproject.toml libs/core/
 COPY libs/cli/pyproject.toml libs/cli/
+COPY libs/bench/pyproject.toml libs/bench/
+COPY libs/demo/pyproject.toml libs/demo/
 COPY services/broker/pyproject.toml services/broker/
 COPY services/monitor/pyproject.toml services/monitor/
 COPY services/sequencer/pyproject.toml services/sequencer/
@@ -47,19 +53,27 @@ COPY analytics/pyproject.toml analytics/
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=bind,from=uv-cache,target=/uv-cache,rw \
     if [ -n "$(ls -A /uv-cache)" ]; then export UV_CACHE_DIR=/uv-cache UV_OFFLINE=1; fi \
-    && uv sync --locked --no-dev --no-editable --no-install-workspace
+    && uv sync --locked --no-dev --no-editable --no-install-workspace --package sokutatsu-cli
 
-# 2. The workspace members, installed as wheels (--no-editable), so the venv needs no source tree.
+# 2. sokutatsu-cli and the members it depends on, installed as wheels (--no-editable), so the venv
+#    needs no source tree.
 COPY libs/ libs/
 COPY services/ services/
 COPY analytics/ analytics/
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=bind,from=uv-cache,target=/uv-cache,rw \
     if [ -n "$(ls -A /uv-cache)" ]; then export UV_CACHE_DIR=/uv-cache UV_OFFLINE=1; fi \
-    && uv sync --locked --no-dev --no-editable
+    && uv sync --locked --no-dev --no-editable --package sokutatsu-cli
 
-# ------------------------------------------------------------------ runtime --
-FROM ${PYTHON_IMAGE} AS runtime
+# 3. The analytics image's environment: the same plus the extra (sokutatsu-analytics, pyspark).
+FROM builder AS analytics-builder
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=bind,from=uv-cache,target=/uv-cache,rw \
+    if [ -n "$(ls -A /uv-cache)" ]; then export UV_CACHE_DIR=/uv-cache UV_OFFLINE=1; fi \
+    && uv sync --locked --no-dev --no-editable --package sokutatsu-cli --extra analytics
+
+# --------------------------------------------------------------------- base --
+FROM ${PYTHON_IMAGE} AS base
 # A fixed, unprivileged user. The folders that docker-compose.yml mounts volumes on are created
 # here and owned by it: Docker gives a new named volume the ownership of its mount point.
 RUN groupadd --system --gid 10001 sokutatsu \
@@ -67,23 +81,26 @@ RUN groupadd --system --gid 10001 sokutatsu \
     && mkdir -p /state /traces /reports /cluster \
     && chown sokutatsu:sokutatsu /state /traces /reports \
     && chmod 0700 /cluster && chown sokutatsu:sokutatsu /cluster
-# Owned by root: the service user can run it, not change it.
-COPY --from=builder /app/.venv /app/.venv
 ENV PATH=/app/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1
-USER sokutatsu
 WORKDIR /home/sokutatsu
+
+# ------------------------------------------------------------------ runtime --
+FROM base AS runtime
+# Owned by root: the service user can run it, not change it.
+COPY --from=builder /app/.venv /app/.venv
+USER sokutatsu
 # docker-compose.yml gives each service its command (python -m sokutatsu.<service>).
 CMD ["sokutatsu", "--help"]
 
 # ---------------------------------------------------------------- analytics --
-FROM runtime AS analytics
-USER root
+FROM base AS analytics
 # pyspark 4 needs Java 17 or later. Slim images lack the man folder the JRE's package
 # registers its pages in, so it is created first.
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
+COPY --from=analytics-builder /app/.venv /app/.venv
 USER sokutatsu
 CMD ["sokutatsu", "analyze", "--traces", "/traces", "--out", "/reports"]

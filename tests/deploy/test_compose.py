@@ -438,6 +438,48 @@ def test_dockerfile_installs_every_workspace_member_from_the_lock() -> None:
         assert "--no-dev" in sync, f"the images leave the development tools out: {sync}"
 
 
+def stage_syncs() -> dict[str, tuple[str | None, list[str], str | None]]:
+    """Stage -> (the stage it starts from, if one of ours; its ``uv sync`` commands; the stage its
+    /app/.venv is copied from, if it copies one)."""
+    found: dict[str, tuple[str | None, list[str], str | None]] = {}
+    current = ""
+    for op, words in dockerfile_instructions():
+        if op == "FROM" and len(words) == 3:
+            current = words[2]
+            found[current] = (words[0] if words[0] in found else None, [], None)
+        elif op == "RUN" and "uv sync" in " ".join(words):
+            found[current][1].append(" ".join(words[" ".join(words).split().index("uv") :]))
+        elif op == "COPY" and words[-1] == "/app/.venv":
+            origin = next(w.removeprefix("--from=") for w in words if w.startswith("--from="))
+            parent, syncs, _ = found[current]
+            found[current] = (parent, syncs, origin)
+    return found
+
+
+def syncs_of_target(target: str) -> list[str]:
+    """The ``uv sync`` commands that made the virtual environment a target ends with."""
+    table = stage_syncs()
+
+    def chain(stage: str | None) -> list[str]:
+        return [] if stage is None else [stage, *chain(table[stage][0])]
+
+    origin = next((table[s][2] for s in chain(target) if table[s][2]), None)
+    assert origin, f"target {target}: no stage copies /app/.venv into it"
+    return [sync for stage in reversed(chain(origin)) for sync in table[stage][1]]
+
+
+def test_the_runtime_image_installs_the_cli_without_benchmarks_demo_or_spark() -> None:
+    """Issue #22: the runtime image is sokutatsu-cli and what it needs; analytics adds its extra."""
+    runtime, analytics = syncs_of_target("runtime"), syncs_of_target("analytics")
+    assert runtime, "no uv sync makes the runtime's environment"
+    for sync in runtime:
+        assert "--package sokutatsu-cli" in sync, f"install the CLI member, not the whole workspace: {sync}"
+        assert "--extra" not in sync, f"the runtime image leaves the CLI's extras out: {sync}"
+        assert "--all-" not in sync, f"the runtime image installs one member's dependencies: {sync}"
+    assert analytics[: len(runtime)] == runtime, "the analytics image starts from the runtime's install"
+    assert any("--package sokutatsu-cli --extra analytics" in sync for sync in analytics[len(runtime) :]), analytics
+
+
 def test_dockerignore_keeps_local_environments_out() -> None:
     for path in (".venv/bin/python", ".git/HEAD", ".tools/bin/uv", ".sokutatsu/logs", "libs/core/src/x/__pycache__"):
         assert ignored(path), f".dockerignore lets {path} into the build context"

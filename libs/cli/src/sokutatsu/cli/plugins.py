@@ -39,7 +39,7 @@ def add_command(app: typer.Typer, name: str, found: Iterable[EntryPoint] | None 
         _stand_in(
             app,
             name,
-            f"{summary} [not installed: {distribution}]",
+            f"(Not installed: {distribution}) {summary}",
             f"`sokutatsu {name}` comes with {distribution}, which is not installed: "
             f"pip install {distribution} (in the repository: make setup)",
         )
@@ -50,7 +50,7 @@ def add_command(app: typer.Typer, name: str, found: Iterable[EntryPoint] | None 
         _stand_in(
             app,
             name,
-            f"{summary} [cannot load {distribution}]",
+            f"(Cannot load {distribution}) {summary}",
             f"`sokutatsu {name}` cannot be loaded from {distribution} ({exc}): "
             f"reinstall {distribution} (in the repository: make setup)",
         )
@@ -71,6 +71,7 @@ def _stand_in(app: typer.Typer, name: str, summary: str, message: str) -> None:
     app.command(
         name,
         help=summary,
+        short_help=summary,
         add_help_option=False,
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(missing)
