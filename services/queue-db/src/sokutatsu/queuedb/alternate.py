@@ -98,7 +98,7 @@ class Turns:
             )
             late = [i for i, f in zip(ids, futures, strict=True) if not f.done()]
             async with self.db.transaction() as conn:  # committed with the flush, the insert's WAL too
-                flushed = await transfer.flush_here(conn, FLUSH_SENDER, late)
+                flushed = await transfer.set_flush(conn, FLUSH_SENDER, late)
             gone = [f for i, f in zip(ids, futures, strict=True) if i in set(late) - flushed]
             if gone:
                 # Left the outbox meanwhile: confirmed (the NOTIFY is on its way), or lost with a restart

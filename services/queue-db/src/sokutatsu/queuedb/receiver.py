@@ -67,12 +67,12 @@ class TransferReceiver(queuedb_pb2_grpc.TransferServicer):
         durable = any(m.durability != queuedb_pb2.DURABILITY_SENDER for m in messages)
         await self._create_queues(messages)
         async with self.db.transaction(durable=durable) as conn:
-            last, new = await self.recovery.receive(conn, sender, messages)
-            if new:
+            last, stored = await self.recovery.receive(conn, sender, messages)
+            if stored:
                 self.crash.reach("receiver:stored")
         self.crash.reach("receiver:committed")
         durable_id = self.recovery.committed(sender, last, flushed=durable)
-        return queuedb_pb2.TransferAck(last_received_id=last, duplicates=len(messages) - new, durable_id=durable_id)
+        return queuedb_pb2.TransferAck(last_received_id=last, duplicates=len(messages) - stored, durable_id=durable_id)
 
     async def _create_queues(self, messages: list[queuedb_pb2.TransferredMessage]) -> None:
         """Create the receiving queues this process has not seen yet (queues are never deleted

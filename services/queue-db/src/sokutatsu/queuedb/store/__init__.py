@@ -9,9 +9,9 @@ The invariants, kept here and nowhere else:
 1. **A function runs its statements on the connection it is given**, in that connection's open
    transaction (or in autocommit, where the caller has it so): it never commits, and it decides
    nothing the caller's protocol decides.
-2. **Arrays go in binary format** (``%b``) where a list is long (a batch's bodies, outbox ids,
-   lease ids): in text format psycopg escapes every element in Python, 10 ms of CPU for a batch
-   of 1,000 (1.6 ms in binary).
+2. **Batch-sized arrays go in binary format** (``%b``: a transfer batch's columns, a batch's
+   outbox ids, a group's acked lease ids): in text format psycopg escapes every element in Python,
+   10 ms of CPU for a batch of 1,000 (1.6 ms in binary).
 3. **A statement on the hot path is one round trip**: a batch is one statement over arrays, never
    a statement per message.
 """

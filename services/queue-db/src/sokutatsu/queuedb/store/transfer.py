@@ -144,7 +144,7 @@ async def deferred_due(conn: Conn, to_node: str) -> bool:
     return bool(row and row[0])
 
 
-async def flush_here(conn: Conn, flush: int, outbox_ids: list[int]) -> set[int]:
+async def set_flush(conn: Conn, flush: int, outbox_ids: list[int]) -> set[int]:
     """Set the outbox rows' ``flush``; the ids of those still in the outbox."""
     rows = await fetch_all(conn, _SENDER_FLUSH, (flush, outbox_ids))
     return {int(r[0]) for r in rows}
