@@ -18,20 +18,27 @@ PACKAGES = {
 
 
 def _imports(package: str, folder: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports (generated code left out)."""
+    """Module -> the modules of the same package it imports, subpackages included (a package is its
+    ``__init__``; the generated stubs under ``v1`` left out)."""
+    names: dict[Path, str] = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        if parts[0] == "v1":
+            continue
+        names[path] = ".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))
+    modules = set(names.values())
     edges: dict[str, set[str]] = {}
-    for path in folder.glob("*.py"):
-        name = f"{package}.{path.stem}"
+    for path, name in names.items():
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
-                target = node.module
-                if target.count(".") > package.count(".") + 1:  # a subpackage (the v1 stubs)
-                    continue
-                found.add(target)
-            elif isinstance(node, ast.ImportFrom) and node.module == package:
-                found.update(f"{package}.{alias.name}" for alias in node.names)
-        edges[name] = found - {name}
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            if node.module != package and not node.module.startswith(package + "."):
+                continue
+            for alias in node.names:  # `from p.store import transfer` imports the module p.store.transfer
+                target = f"{node.module}.{alias.name}"
+                found.add(target if target in modules else node.module)
+        edges[name] = (found & modules) - {name}
     return edges
 
 

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sokutatsu.core.tls import open_channel
 from sokutatsu.queuedb import transferd
 from sokutatsu.queuedb.enqueue import Message, enqueue_batch
-from sokutatsu.queuedb.transferd import _DEFERRED_DUE
+from sokutatsu.queuedb.store import transfer
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from tests.helpers import report_figure, trace_spans
 from tests.queuedb.fix_queuedb import Node, NodeDatabase, own_cluster, queue_bodies, transfer_nodes
@@ -376,10 +376,12 @@ def test_the_deferred_trigger_fires_exactly_at_its_thresholds(node_database: Nod
     says wait, at either one it says go; an immediate queue always says go."""
     dsn = node_database()
 
+    async def check() -> bool:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            return await transfer.deferred_due(conn, "node2")
+
     def due() -> bool:
-        with psycopg.connect(dsn) as conn:
-            row = conn.execute(_DEFERRED_DUE, {"node": "node2"}).fetchone()
-        return bool(row and row[0])
+        return asyncio.run(check())
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

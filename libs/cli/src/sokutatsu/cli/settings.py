@@ -14,8 +14,7 @@ from sokutatsu.core.runtime_settings import RuntimeSettings
 from sokutatsu.core.settings import Settings, setting
 from sokutatsu.core.tls import TlsSettings
 from sokutatsu.monitor.settings import MonitorSettings
-from sokutatsu.queuedb.settings import QueueDbSettings
-from sokutatsu.queuedb.transferd import TransferSettings
+from sokutatsu.queuedb.settings import QueueDbSettings, TransferSettings
 from sokutatsu.sequencer.settings import SequencerSettings
 
 

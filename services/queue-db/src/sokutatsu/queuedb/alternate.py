@@ -32,17 +32,17 @@ import psycopg
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from sokutatsu.core.errors import Unavailable
+from sokutatsu.queuedb.arrivals import Ticket
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import CONFIRMED_CHANNEL, FLUSH_RECEIVER, FLUSH_SENDER, Message
-from sokutatsu.queuedb.group_commit import EnqueueWork, Groups, Ticket
+from sokutatsu.queuedb.group_commit import EnqueueWork, Groups
+from sokutatsu.queuedb.store import transfer
 
 log = logging.getLogger(__name__)
 
 # How long a receiving node that did not confirm in time gets only sender-durable requests
 # (unless a confirmation from it arrives sooner).
 DOWN_SECONDS = 5.0
-
-_SENDER_FLUSH = "UPDATE sokutatsu.outbox SET flush = %s WHERE id = ANY(%s) RETURNING id"
 
 
 class Turns:
@@ -98,8 +98,7 @@ class Turns:
             )
             late = [i for i, f in zip(ids, futures, strict=True) if not f.done()]
             async with self.db.transaction() as conn:  # committed with the flush, the insert's WAL too
-                cursor = await conn.execute(_SENDER_FLUSH, (FLUSH_SENDER, late))
-                flushed = {int(r[0]) for r in await cursor.fetchall()}
+                flushed = await transfer.set_flush(conn, FLUSH_SENDER, late)
             gone = [f for i, f in zip(ids, futures, strict=True) if i in set(late) - flushed]
             if gone:
                 # Left the outbox meanwhile: confirmed (the NOTIFY is on its way), or lost with a restart
@@ -135,7 +134,7 @@ class Turns:
                     async with await psycopg.AsyncConnection.connect(
                         self.db.dsn, autocommit=True, connect_timeout=5
                     ) as conn:
-                        await conn.execute(f"LISTEN {CONFIRMED_CHANNEL}")
+                        await transfer.listen(conn, CONFIRMED_CHANNEL)
                         self._listening.set()
                         async for note in conn.notifies():
                             self._confirm(note.payload)

@@ -9,6 +9,7 @@ import logging
 import psycopg
 
 from sokutatsu.core.dsn import error_line, redact_dsn
+from sokutatsu.queuedb import store
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,7 @@ async def server_version(dsn: str) -> str:
     async with await psycopg.AsyncConnection.connect(
         dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS, autocommit=True
     ) as conn:
-        cur = await conn.execute("SHOW server_version")
-        row = await cur.fetchone()
-        return str(row[0]) if row else "unknown"
+        return await store.server_version(conn)
 
 
 async def watch(

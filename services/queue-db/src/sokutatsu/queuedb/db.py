@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from sokutatsu.core.dsn import error_line, redact_dsn
 from sokutatsu.core.errors import InvalidArgument, ResourceExhausted, Unavailable, echo
+from sokutatsu.queuedb.store import commit_lazily
 
 POOL_TIMEOUT_SECONDS = 10.0
 # How long the pool keeps retrying one lost connection (psycopg_pool backs off 1, 2, 4 s ...; its
@@ -83,7 +84,7 @@ class Database:
         try:
             async with self.pool.connection() as conn:
                 if not durable:
-                    await conn.execute("SET LOCAL synchronous_commit = off")
+                    await commit_lazily(conn)
                 yield conn
         except PoolTimeout:
             self.not_answering.set()

@@ -4,7 +4,7 @@ A call does not open a transaction of its own: it puts its work (a :class:`Enque
 :class:`AckWork`) in a :class:`GroupCommit`'s queue and waits. The committer takes what has
 arrived (up to ``max_calls`` calls and ``max_messages`` messages), after waiting up to
 ``window`` for the calls already inside the service on their way to a group, if there are any
-(:class:`Arrivals`: a lone call never waits), and runs it as one transaction on one pooled
+(:mod:`~sokutatsu.queuedb.arrivals`: a lone call never waits), and runs it as one transaction on one pooled
 connection in pipeline mode (``BEGIN``, one prepared statement per queue and kind for every
 call of the group, ``COMMIT``: one round trip), then answers every call of the group. While a
 group commits, the next one forms; ``in_flight`` groups may commit at once, each on its own
@@ -50,23 +50,13 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from sokutatsu.core.errors import Unavailable
+from sokutatsu.queuedb.arrivals import Arrivals, Ticket
 from sokutatsu.queuedb.db import POOL_TIMEOUT_SECONDS, Database, answered
 from sokutatsu.queuedb.enqueue import ENQUEUE_STATEMENT, Message, QueueNotFound, merged_params, split_ids
+from sokutatsu.queuedb.store import commit_lazily
+from sokutatsu.queuedb.store.queues import ACK_STATEMENT
 
 log = logging.getLogger(__name__)
-
-# Ack: the first column says whether the queue exists, the second which leases held (a lease holds
-# while its row has it and its visible_at has not passed).
-ACK_STATEMENT = """
-WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
-done AS (
-    DELETE FROM sokutatsu.messages m USING q
-    WHERE m.queue = q.name AND m.lease_id = ANY(%(leases)b::uuid[]) AND m.visible_at > now()
-    RETURNING m.lease_id
-)
-SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
-"""
-_LAZY = "SET LOCAL synchronous_commit = off"
 
 
 @dataclass(eq=False)
@@ -183,37 +173,6 @@ def _outcomes(statement: _Statement, row: tuple[Any, ...] | None) -> list[Any]:
         left -= mine
         out.append(mine)
     return out
-
-
-class Arrivals:
-    """How many ``Enqueue`` and ``Ack`` calls are inside the service and have not joined a group yet:
-    a group waits for them (up to its window) only while there are some."""
-
-    def __init__(self) -> None:
-        self.coming = 0
-
-    def ticket(self) -> Ticket:
-        return Ticket(self)
-
-
-class Ticket:
-    """One call on its way to a group; closed when it joins one, or when its handler ends without."""
-
-    def __init__(self, arrivals: Arrivals) -> None:
-        self._arrivals = arrivals
-        self._open = True
-        arrivals.coming += 1
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._arrivals.coming -= 1
-
-    def __enter__(self) -> Ticket:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 class GroupCommit:
@@ -363,7 +322,7 @@ class GroupCommit:
         try:
             async with self.db.pool.connection() as conn, conn.pipeline() as pipeline:
                 if not self.durable:
-                    await conn.execute(_LAZY, prepare=False)
+                    await commit_lazily(conn, prepare=False)
                 cursors = []
                 for statement in statements:
                     cursor = conn.cursor(binary=True)

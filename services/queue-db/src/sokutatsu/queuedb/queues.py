@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,11 +26,13 @@ from grpc import aio
 
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo
 from sokutatsu.queuedb.alternate import Turns, enqueue_alternating
+from sokutatsu.queuedb.arrivals import Ticket
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import FLUSH_BOTH, Message, QueueNotFound, record_ids, send_span
-from sokutatsu.queuedb.group_commit import AckWork, EnqueueWork, Groups, Ticket
+from sokutatsu.queuedb.group_commit import AckWork, EnqueueWork, Groups
 from sokutatsu.queuedb.limits import cap, check_rule
 from sokutatsu.queuedb.settings import QueueDbSettings
+from sokutatsu.queuedb.store import queues
 from sokutatsu.queuedb.text import refuse_nul, valid_name
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 from sokutatsu.queuedb.wake import Waker
@@ -38,72 +41,6 @@ from sokutatsu.queuedb.wake import Waker
 POLL_SECONDS = 0.05
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-_STATS = """
-WITH outbox_rows AS (
-    -- Batches in flight as one hashed set, not an array search per row (as the daemon does).
-    SELECT o.id IN (SELECT unnest(outbox_ids) FROM sokutatsu.transfer_batches) AS in_flight
-    FROM sokutatsu.outbox o WHERE o.queue = %(queue)s
-)
-SELECT
-    (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now()),
-    (SELECT count(*) FROM sokutatsu.messages WHERE queue = q.name AND visible_at > now() AND lease_id IS NOT NULL),
-    (SELECT count(*) FILTER (WHERE NOT in_flight) FROM outbox_rows),
-    (SELECT count(*) FILTER (WHERE in_flight) FROM outbox_rows),
-    (SELECT min(enqueued_at) FROM sokutatsu.messages WHERE queue = q.name AND visible_at <= now())
-FROM sokutatsu.queues q WHERE q.name = %(queue)s
-"""
-
-# One statement: find the queue, take its oldest ready rows nobody else is leasing, lease them.
-# No row at all: no such queue. One row with a NULL seq: the queue exists, nothing was leased
-# (none ready, or the queue forwards and to_node says where).
-_LEASE = """
-WITH q AS (
-    SELECT name, to_node, coalesce(nullif(to_queue, ''), name) AS to_queue
-    FROM sokutatsu.queues WHERE name = %(queue)s
-),
-picked AS (
-    SELECT m.seq FROM sokutatsu.messages m
-    WHERE m.queue = %(queue)s AND m.visible_at <= now() AND EXISTS (SELECT 1 FROM q WHERE q.to_node = '')
-    ORDER BY m.seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-leased AS (
-    UPDATE sokutatsu.messages m
-    SET lease_id = gen_random_uuid(),
-        visible_at = now() + %(timeout_ms)s * interval '1 millisecond',
-        delivery_count = m.delivery_count + 1
-    FROM picked WHERE m.queue = %(queue)s AND m.seq = picked.seq
-    RETURNING m.seq, m.body, m.headers, m.key, m.enqueued_at, m.delivery_count, m.lease_id
-)
-SELECT q.to_node, q.to_queue, l.seq, l.body, l.headers, l.key, l.enqueued_at, l.delivery_count, l.lease_id
-FROM q LEFT JOIN leased l ON true
-ORDER BY l.seq
-"""
-
-# Nack: the first column says whether the queue exists, the second which leases held.
-# A lease holds while its row has it and its visible_at has not passed (Ack: group_commit.ACK_STATEMENT).
-_NACK = """
-WITH q AS (SELECT name FROM sokutatsu.queues WHERE name = %(queue)s),
-done AS (
-    UPDATE sokutatsu.messages m
-    SET visible_at = now() + %(delay_ms)s * interval '1 millisecond', lease_id = NULL
-    FROM q, unnest(%(leases)s::uuid[]) AS t(lease_id)
-    WHERE m.queue = q.name AND m.lease_id = t.lease_id AND m.visible_at > now()
-    RETURNING t.lease_id
-)
-SELECT (SELECT count(*) FROM q), (SELECT coalesce(array_agg(lease_id), '{}') FROM done)
-"""
-
-_COLUMNS = "name, to_node, to_queue, immediate, min_batch, max_age_ms, durability"
-_INSERT_QUEUE = """
-INSERT INTO sokutatsu.queues (name, to_node, to_queue, immediate, min_batch, max_age_ms, durability)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (name) DO NOTHING
-RETURNING name, to_node, to_queue, immediate, min_batch, max_age_ms, durability
-"""
-_SELECT_QUEUE = f"SELECT {_COLUMNS} FROM sokutatsu.queues WHERE name = %s"  # noqa: S608 - constant columns
-_LIST_QUEUES = f"SELECT {_COLUMNS} FROM sokutatsu.queues ORDER BY name"  # noqa: S608 - constant columns
 _DURABILITY = {"both": queuedb_pb2.REMOTE_DURABILITY_BOTH, "alternate": queuedb_pb2.REMOTE_DURABILITY_ALTERNATE}
 
 
@@ -234,11 +171,9 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
             _durability(rule),
         )
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_INSERT_QUEUE, values)
-            row = await cursor.fetchone()
+            row = await queues.insert_queue(conn, values)
             if row is None:  # it exists: answer with it if it is the same queue
-                cursor = await conn.execute(_SELECT_QUEUE, (name,))
-                row = await cursor.fetchone()
+                row = await queues.select_queue(conn, name)
         if row is None:  # inserted by another call and gone since: there is no DeleteQueue, so never
             raise _not_found(name)
         queue = _queue(row)
@@ -256,8 +191,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         refuse_nul(request)
         name = _required(request.name, "GetQueueRequest.name")
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_SELECT_QUEUE, (name,))
-            row = await cursor.fetchone()
+            row = await queues.select_queue(conn, name)
         if row is None:
             raise _not_found(name)
         return _queue(row)
@@ -266,8 +200,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         self, request: queuedb_pb2.ListQueuesRequest, context: aio.ServicerContext[Any, Any]
     ) -> queuedb_pb2.ListQueuesResponse:
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_LIST_QUEUES)
-            rows = await cursor.fetchall()
+            rows = await queues.list_queues(conn)
         return queuedb_pb2.ListQueuesResponse(queues=[_queue(row) for row in rows])
 
     async def GetQueueStats(
@@ -276,8 +209,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         refuse_nul(request)
         name = _required(request.queue, "GetQueueStatsRequest.queue")
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(_STATS, {"queue": name})
-            row = await cursor.fetchone()
+            row = await queues.queue_stats(conn, name)
         if row is None:
             raise _not_found(name)
         ready, leased, pending, sending, oldest = row
@@ -340,10 +272,7 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         """``queue``'s transfer rule, or None when it is local (or does not exist: the enqueue says so)."""
         if queue not in self._rules:
             async with self.db.transaction() as conn:
-                cursor = await conn.execute(
-                    "SELECT to_node, immediate, durability FROM sokutatsu.queues WHERE name = %s", (queue,)
-                )
-                row = await cursor.fetchone()
+                row = await queues.transfer_rule(conn, queue)
             if row is None:
                 return None  # not cached: the queue may be created later
             self._rules[queue] = _Forwarding(row[0], row[1], row[2] == "alternate") if row[0] else None
@@ -362,17 +291,13 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
             settings.max_visibility_timeout_ms,
             "MAX_VISIBILITY_TIMEOUT_MS",
         )
-        params = {
-            "queue": name,
-            "limit": cap("DequeueRequest.max_messages", request.max_messages, settings.max_batch, "MAX_BATCH") or 1,
-            "timeout_ms": timeout_ms or settings.visibility_timeout_ms,
-        }
+        limit = cap("DequeueRequest.max_messages", request.max_messages, settings.max_batch, "MAX_BATCH") or 1
+        timeout_ms = timeout_ms or settings.visibility_timeout_ms
         deadline = asyncio.get_running_loop().time() + wait_ms / 1000
         while True:
             # A lease lost in an OS crash only makes its message ready again early: commit without the flush.
             async with self.db.transaction(durable=False) as conn:
-                cursor = await conn.execute(_LEASE, params)
-                rows = await cursor.fetchall()
+                rows = await queues.lease(conn, name, limit, timeout_ms)
             if not rows:
                 raise _not_found(name)
             to_node, to_queue = rows[0][0], rows[0][1]
@@ -399,16 +324,12 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
     async def _ack(self, request: queuedb_pb2.AckRequest, ticket: Ticket) -> queuedb_pb2.AckResponse:
         refuse_nul(request)
         name = _required(request.queue, "AckRequest.queue")
-        raw = list(request.lease_ids)
-        cap("AckRequest.lease_ids", len(raw), self.settings.max_batch, "MAX_BATCH", "lease ids")
-        parsed = [_parse_lease(lease) for lease in raw]
-        good = list(dict.fromkeys(p for p in parsed if p is not None))
+        leases = self._leases(request.lease_ids, "Ack")
         try:
-            held: set[uuid.UUID] = await self.groups.durable.submit(AckWork(name, good), ticket)
+            held: set[uuid.UUID] = await self.groups.durable.submit(AckWork(name, leases.good), ticket)
         except QueueNotFound:
             raise _not_found(name) from None
-        # In request order, the ids whose lease did not hold: expired, unknown, of another queue, or malformed.
-        return queuedb_pb2.AckResponse(expired=[lease for lease, p in zip(raw, parsed, strict=True) if p not in held])
+        return queuedb_pb2.AckResponse(expired=leases.expired(held))
 
     async def Nack(
         self, request: queuedb_pb2.NackRequest, context: aio.ServicerContext[Any, Any]
@@ -416,19 +337,30 @@ class QueueServicer(queuedb_pb2_grpc.QueueServiceServicer):
         refuse_nul(request)
         name = _required(request.queue, "NackRequest.queue")
         delay_ms = cap("NackRequest.delay_ms", request.delay_ms, self.settings.max_nack_delay_ms, "MAX_NACK_DELAY_MS")
-        expired = await self._settle(name, list(request.lease_ids), _NACK, {"delay_ms": delay_ms}, "Nack")
-        return queuedb_pb2.NackResponse(expired=expired)
-
-    async def _settle(self, name: str, raw: list[str], statement: str, extra: dict[str, object], rpc: str) -> list[str]:
-        """Run Ack's or Nack's statement on the leases; return, in request order, the ids whose lease did not
-        hold: expired, unknown, of another queue, or malformed (a malformed id is never an error)."""
-        cap(f"{rpc}Request.lease_ids", len(raw), self.settings.max_batch, "MAX_BATCH", "lease ids")
-        parsed = [_parse_lease(lease) for lease in raw]
-        good = list(dict.fromkeys(p for p in parsed if p is not None))
+        leases = self._leases(request.lease_ids, "Nack")
         async with self.db.transaction() as conn:
-            cursor = await conn.execute(statement, {"queue": name, "leases": good, **extra})
-            row = await cursor.fetchone()
+            row = await queues.nack(conn, name, leases.good, delay_ms)
         if row is None or row[0] == 0:
             raise _not_found(name)
-        held: set[uuid.UUID] = set(row[1])
-        return [lease for lease, p in zip(raw, parsed, strict=True) if p not in held]
+        return queuedb_pb2.NackResponse(expired=leases.expired(set(row[1])))
+
+    def _leases(self, lease_ids: Iterable[str], rpc: str) -> _Leases:
+        raw = list(lease_ids)
+        cap(f"{rpc}Request.lease_ids", len(raw), self.settings.max_batch, "MAX_BATCH", "lease ids")
+        return _Leases(raw, [_parse_lease(lease) for lease in raw])
+
+
+@dataclass(frozen=True)
+class _Leases:
+    """An Ack's or Nack's lease ids as given, and parsed (None: malformed, never an error)."""
+
+    raw: list[str]
+    parsed: list[uuid.UUID | None]
+
+    @property
+    def good(self) -> list[uuid.UUID]:
+        return list(dict.fromkeys(p for p in self.parsed if p is not None))
+
+    def expired(self, held: set[uuid.UUID]) -> list[str]:
+        """In request order, the ids whose lease did not hold: expired, unknown, of another queue, or malformed."""
+        return [lease for lease, p in zip(self.raw, self.parsed, strict=True) if p not in held]

@@ -18,9 +18,10 @@ from sokutatsu.core.server import Register, ServiceContext, run_service
 from sokutatsu.core.settings import SettingsError
 from sokutatsu.queuedb import database
 from sokutatsu.queuedb.alternate import Turns
+from sokutatsu.queuedb.arrivals import Arrivals
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.faults import CrashPoints
-from sokutatsu.queuedb.group_commit import Arrivals, GroupCommit, Groups
+from sokutatsu.queuedb.group_commit import GroupCommit, Groups
 from sokutatsu.queuedb.queues import QueueServicer
 from sokutatsu.queuedb.receiver import TransferReceiver
 from sokutatsu.queuedb.schema import current_version, latest_version, migrate

@@ -1,4 +1,4 @@
-"""Queue-db settings (environment variables ``SOKUTATSU_QUEUEDB_*``)."""
+"""Queue-db settings: the service's (``SOKUTATSU_QUEUEDB_*``) and the transfer daemon's (``SOKUTATSU_TRANSFER_*``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import ServiceSettings
-from sokutatsu.core.settings import SettingsError, parse_address, parse_name, parse_positive_float, setting, whole
+from sokutatsu.core.settings import (
+    SettingsError,
+    choice,
+    named_addresses,
+    parse_address,
+    parse_name,
+    parse_positive_float,
+    setting,
+    whole,
+)
 from sokutatsu.queuedb.enqueue import MAX_BODY_BYTES
 
 
@@ -175,3 +184,57 @@ class QueueDbSettings(ServiceSettings):
 def pool_connections(settings: QueueDbSettings) -> int:
     """The pool's size: POOL_SIZE, or two per core (at least 4) when it is 0."""
     return settings.pool_size or max(4, 2 * (os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class Peer:
+    node: str
+    address: str
+
+
+def parse_peers(raw: str) -> tuple[Peer, ...]:
+    return tuple(Peer(node, address) for node, address in named_addresses(raw, "node"))
+
+
+@dataclass(frozen=True)
+class TransferSettings(ServiceSettings):
+    env_prefix: ClassVar[str] = "SOKUTATSU_TRANSFER_"
+
+    listen: str = setting("LISTEN", "127.0.0.1:7411", "host:port for gRPC health (port 0 = any).", parse_address)
+    instance: str = setting("INSTANCE", "transfer-1", "Name of this daemon in logs and traces.", parse_name)
+    node: str = setting(
+        "NODE", "node1", "The sending node's name: receivers keep their recovery row under it.", parse_name
+    )
+    dsn: str = setting("DSN", "", "PostgreSQL connection string of this node's database (required).")
+    peers: tuple[Peer, ...] = setting(
+        "PEERS", (), "Receiving nodes as node=host:port of their queue-db service, comma-separated.", parse_peers
+    )
+    batch: int = setting("BATCH", 1000, "Most messages per transfer batch.", whole(1, 100_000, "messages"))
+    pipeline: int = setting(
+        "PIPELINE",
+        4,
+        "1pc: batches in flight to a receiver before the first is confirmed (the receiver's recovery row "
+        "keeps them exactly once); 1 sends one at a time.",
+        whole(1, 64, "batches"),
+    )
+    poll_ms: int = setting(
+        "POLL_MS",
+        200,
+        "How often deferred queues' thresholds are checked (immediate queues wake the daemon at once).",
+        whole(10, 3_600_000, "milliseconds"),
+    )
+    mode: str = setting(
+        "MODE",
+        "1pc",
+        "1pc: the one-phase protocol with the receiver's recovery table (seed 004); 2pc: the same batches "
+        "with PostgreSQL two-phase commit on both nodes (the baseline it is measured against).",
+        choice("1pc", "2pc"),
+    )
+    crash_at: str = setting(
+        "CRASH_AT",
+        "",
+        "Fault injection for tests: SIGKILL this process the n-th time it reaches a step, as step@n "
+        "(1pc: sender:assigned, sender:acked, sender:marked; 2pc: sender:prepared, sender:both-prepared, "
+        "sender:committed, sender:finished). Empty in production.",
+        parse_crash_at,
+    )

@@ -27,10 +27,10 @@ import psycopg
 from sokutatsu.core.dsn import error_line
 from sokutatsu.queuedb.db import Database
 from sokutatsu.queuedb.enqueue import TRANSFER_CHANNEL
+from sokutatsu.queuedb.store import transfer
 
 log = logging.getLogger(__name__)
 
-_NOTIFY = "SELECT pg_notify(%s, node) FROM unnest(%s::text[]) AS node"
 INTERVAL_SECONDS = 0.002
 
 
@@ -56,7 +56,7 @@ class Waker:
                 try:
                     if conn is None or conn.closed:
                         conn = await psycopg.AsyncConnection.connect(self.db.dsn, autocommit=True, connect_timeout=5)
-                    await conn.execute(_NOTIFY, (TRANSFER_CHANNEL, nodes), prepare=True)
+                    await transfer.wake(conn, TRANSFER_CHANNEL, nodes)
                     await asyncio.sleep(INTERVAL_SECONDS)  # wakes asked for meanwhile go together
                 except psycopg.Error as exc:
                     # The daemon's own poll (and its LISTEN reconnection) finds the messages anyway.
