@@ -27,8 +27,12 @@ lint: setup ## ruff format check, ruff lint, mypy --strict
 	$(RUN) ruff check .
 	$(RUN) mypy
 
-test: setup ## Run every test (real PostgreSQL, gRPC servers and processes); fails if none ran
-	@$(RUN) pytest; status=$$?; \
+# Test processes (pytest-xdist workers): most tests wait on processes and sockets, so more
+# workers than cores pays; TEST_WORKERS=0 runs everything in this one process (tests/fix_schedule.py).
+TEST_WORKERS ?= 4
+
+test: setup ## Run every test (real PostgreSQL, gRPC servers and processes) on TEST_WORKERS workers (4); fails if none ran
+	@$(RUN) pytest -n $(TEST_WORKERS) --dist loadgroup; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; exit 1; fi; \
 	exit $$status
 

@@ -17,6 +17,7 @@ from tests.helpers import FIGURES
 
 pytest_plugins = [
     "tests.fix_pg",
+    "tests.fix_schedule",
     "tests.broker.fix_broker",
     "tests.monitor.fix_monitor",
     "tests.sequencer.fix_sequencer",

@@ -41,6 +41,7 @@ def _bench_databases(dsn: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.slow
 async def test_a_tiny_run_measures_every_figure_and_transfers_everything(pg_dsn: str) -> None:
     before = _bench_databases(pg_dsn)
     result = await run(TINY, pg_dsn)

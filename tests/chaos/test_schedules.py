@@ -19,6 +19,7 @@ from sokutatsu.cli.chaos_run import ChaosConfig, run_schedule
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "seconds"), [(2630, 0.0), (1964, 32.0)])
 async def test_a_fixed_schedule_loses_nothing_doubles_nothing_and_never_has_two_actives(
     tmp_path: Path, seed: int, seconds: float

@@ -26,6 +26,7 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_publish_subscribe_and_metrics(broker: BrokerProcess) -> None:
     subscriber = subprocess.Popen(
         [

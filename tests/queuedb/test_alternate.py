@@ -206,6 +206,7 @@ async def test_an_unreachable_receiver_makes_the_sender_flush_every_message_and_
 VICTIMS = ("node1-postgres", "node2-postgres", "node1-service", "node2-service", "transfer-daemon")
 
 
+@pytest.mark.slow
 async def test_every_acknowledged_message_arrives_once_in_order_through_kill_9_of_either_side(
     pair: Pair, client: queuedb_pb2_grpc.QueueServiceAsyncStub
 ) -> None:

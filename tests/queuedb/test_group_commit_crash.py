@@ -53,6 +53,7 @@ def _largest_group(pair: Pair) -> int:  # noqa: F811
     return max((int(n) for n in re.findall(r"group commit: (\d+) calls in one transaction", text)), default=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durability", ["both", "alternate"])
 async def test_every_acknowledged_message_arrives_once_in_order_through_kill_9_during_grouped_commits(
     pair: Pair,  # noqa: F811

@@ -165,6 +165,7 @@ async def test_transfer_moves_every_committed_message_once_in_order(
         assert ids == list(range(1, len(committed) + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["1pc", "2pc"])
 async def test_exactly_once_in_order_through_kill_9_at_every_protocol_step(
     two_nodes: tuple[str, str, Node, Node], mode: str

@@ -47,6 +47,7 @@ async def _answers(process: SequencerProcess) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outages", [(1.5, 3.0, 4.5)])
 async def test_a_restarted_non_leader_holds_the_leaders_distribution_before_the_leader_moves_on_twice(
     pair_factory: Callable[..., Awaitable[Pair]], sequencer_group: GroupFactory, outages: tuple[float, ...]

@@ -1,0 +1,44 @@
+"""The order tests run in, and which run together under pytest-xdist (a pytest plugin, see conftest.py).
+
+``make test`` runs the suite on several workers (``pytest -n TEST_WORKERS --dist loadgroup``):
+
+* **Longest first.** Modules holding a test marked ``slow`` run before the others, so the
+  long end-to-end, crash and benchmark tests start at once and the short ones fill the gaps
+  (the longest-processing-time rule): the run ends soon after its longest test, not a long
+  test started last. Modules stay whole (a module-scoped fixture is set up once).
+* **Shared costly fixtures on one worker.** Tests that share a fixture that is costly to make
+  (a JVM for Spark, a whole demo run, a virtualenv, a set of fuzz targets) get one
+  ``xdist_group``: the fixture is made once, by one worker, instead of once per worker.
+
+Nothing here changes what a test checks; ``pytest`` without ``-n`` runs the same tests in
+the same order, in one process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Path prefix of the tests (relative to the repository) -> the group they run in together.
+SHARED_FIXTURE_GROUPS = {
+    "tests/analytics/": "spark",  # one SparkSession per worker (tests/analytics/conftest.py)
+    "tests/demo/test_demo.py": "demo",  # one quick demo run for the module's checks
+    "tests/deploy/test_runtime_environment.py": "runtime-venv",  # one runtime virtualenv
+    "tests/security/test_fuzz.py": "fuzz-targets",  # one set of started services to probe
+    "tests/services/test_lifecycle.py": "lifecycle-db",  # one database
+}
+
+
+def _group(nodeid: str) -> str | None:
+    for prefix, group in SHARED_FIXTURE_GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (group := _group(item.nodeid)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # Longest first, modules kept whole: a module's rank is whether it holds a slow test.
+    slow_modules = {item.nodeid.partition("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.partition("::")[0] not in slow_modules)
