@@ -60,6 +60,7 @@ from sokutatsu.core.runtime_settings import (
 )
 from sokutatsu.core.settings import SettingsError, load
 from sokutatsu.core.shutdown import watch_stop
+from sokutatsu.core.stop_noise import drop_cancelled_at_stop
 from sokutatsu.core.telemetry import setup_telemetry
 from sokutatsu.core.tls import ServerTls, check_plaintext, server_tls
 from sokutatsu.core.v1 import process_pb2_grpc
@@ -262,6 +263,8 @@ async def serve(
             service=service, runtime=runtime, stack=stack, health=health, _group=group, untraced=untraced
         )
         context.auth_refusals = lambda: sum(cluster.violations.values())
+        # Handlers cancelled by this stop are logged by grpcio after serve returns: the filter stays.
+        drop_cancelled_at_stop(context.stopping)
         names = list(await register(server, context))
         process = ProcessServicer(
             service, settings.instance, violations=cluster.violations, auth=guard is not None, tls=tls is not None
