@@ -15,3 +15,15 @@ def spark() -> Iterator[SparkSession]:
     session = spark_session("local[2]")
     yield session
     session.stop()
+
+
+# A Spark test without a timeout of its own gets this one, not pytest's 120 s: the first test on a
+# worker starts the JVM (tens of seconds on a busy 2-core machine), and a test interrupted by its
+# timeout mid-job leaves the shared session broken for every later test.
+SPARK_TIMEOUT_SECONDS = 300
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("spark") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT_SECONDS))

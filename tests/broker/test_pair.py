@@ -178,7 +178,6 @@ async def test_switchover_and_back_mid_stream_lose_and_double_nothing(
         await switch(pair.active, pair.standby, "broker-b", "slow")
         assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_AWAY
         await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the slow subscriber to reach the standby")
-        normal_on_a = len(normal.got)
         slow.delay = 0.0
         moved_at = len(slow.got)
         await until(lambda: _async(len(slow.got) > moved_at + 2000), "more for the slow subscriber on the standby")
@@ -189,7 +188,6 @@ async def test_switchover_and_back_mid_stream_lose_and_double_nothing(
     normal.check({"feed": total})
     assert slow.brokers == ["broker-a", "broker-b", "broker-a"]
     assert normal.brokers == ["broker-a"]
-    assert len(normal.got) > normal_on_a
     assert (await subscriber_stats(pair.standby.address, "slow")).state == broker_pb2.QUEUE_STATE_SHADOW
 
 
