@@ -29,6 +29,7 @@ from sokutatsu.harness.process import START_LIMIT_SECONDS, STOP_LIMIT_SECONDS
 
 __all__ = ["START_LIMIT_SECONDS", "ServiceProc", "ensure_stopped", "run_once", "start_service", "stop"]
 
+
 class ServiceProc(ServiceProcess):
     """The harness's service process as :func:`start_service` returns it: started."""
 
