@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,18 @@ from sokutatsu.core.auth import Policy
 from sokutatsu.core.runtime_settings import RuntimeSettings, ServiceSettings
 from sokutatsu.core.server import Register, serve
 from sokutatsu.core.tls import ServerTls
-from sokutatsu.harness import spawn, stop_process, wait_announced
+from sokutatsu.harness import ServiceProcess, kill9, stop_process
 
-# Generous bounds that only stop a hung test (well under pytest's 120 s timeout);
-# nothing asserts on durations.
-START_LIMIT_SECONDS = 30.0
-STOP_LIMIT_SECONDS = 30.0
+# Generous bounds that only stop a hung test (well under pytest's 120 s timeout); nothing asserts on durations.
+from sokutatsu.harness.process import START_LIMIT_SECONDS, STOP_LIMIT_SECONDS
+
+__all__ = ["START_LIMIT_SECONDS", "ServiceProc", "ensure_stopped", "run_once", "start_service", "stop"]
 
 
-@dataclass
-class ServiceProc:
+class ServiceProc(ServiceProcess):
+    """The harness's service process as :func:`start_service` returns it: started."""
+
     process: subprocess.Popen[bytes]
-    address: str
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text()
 
 
 def run_once(module: str, env: dict[str, str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -58,14 +53,14 @@ def run_once(module: str, env: dict[str, str], timeout: float = 60.0) -> subproc
 
 
 def stop(process: subprocess.Popen[Any], sig: signal.Signals = signal.SIGTERM) -> int:
-    """Send ``sig`` and return the exit status; if it does not exit within the bound, kill it and fail."""
+    """Send ``sig`` and return the exit status; a process that does not exit within the bound
+    fails the test (unlike the harness's stop, which then kills it and goes on)."""
     if process.poll() is None:
         process.send_signal(sig)
     try:
         return process.wait(timeout=STOP_LIMIT_SECONDS)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        kill9(process)
         raise AssertionError(f"pid {process.pid} did not exit within {STOP_LIMIT_SECONDS:g}s of {sig.name}") from None
 
 
@@ -77,15 +72,9 @@ def ensure_stopped(process: subprocess.Popen[Any]) -> None:
 def start_service(module: str, env: dict[str, str], folder: Path) -> ServiceProc:
     """Start ``python -m module`` on a free port and wait for its announce file
     (:class:`~sokutatsu.harness.HarnessError` with its log if it exits first)."""
-    announce = folder / f"{module}.announce.json"
-    log = folder / f"{module}.log"
-    process = spawn(module, env, log, announce=announce)
-    try:
-        address = wait_announced(process, announce, log, limit=START_LIMIT_SECONDS)
-    except BaseException:
-        stop_process(process, limit=0)
-        raise
-    return ServiceProc(process=process, address=address, log=log)
+    service = ServiceProc(module, folder, env, name=module)
+    service.start()
+    return service
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,5 +1,5 @@
 """Fresh databases on the session's PostgreSQL, one per queue-db node a test needs, migrated; and the
-nodes' processes, started, killed and started again."""
+nodes' processes (``sokutatsu.harness.queuedb``), started, killed and started again."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from psycopg import sql
 
 from sokutatsu.core.dsn import PostgresError, create_database, database_dsn
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, free_port
-from sokutatsu.harness import ServiceProcess
+from sokutatsu.harness.process import children
+from sokutatsu.harness.queuedb import Node, QueueDbNode, transfer_nodes
 from sokutatsu.queuedb.schema import migrate
 
 NodeDatabase = Callable[[], str]
@@ -51,32 +52,6 @@ def node_database(pg_dsn: str) -> Iterator[NodeDatabase]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-class Node(ServiceProcess):
-    """A queue-db service or transfer daemon: started, killed and started again, each start with
-    its own log; ``start(crash_at=...)`` arms its fault injection (``CRASH_AT``) for that start."""
-
-    def __init__(self, module: str, env: dict[str, str], folder: Path) -> None:
-        super().__init__(module, folder, env)
-
-    def start(self, crash_at: str = "", **env: str) -> str:
-        prefix = "SOKUTATSU_QUEUEDB_" if self.module == "sokutatsu.queuedb" else "SOKUTATSU_TRANSFER_"
-        return super().start(**{f"{prefix}CRASH_AT": crash_at, **env})
-
-
-class QueueDbNode(Node):
-    """A queue-db service on a database of its own (``dsn``), on a free port."""
-
-    def __init__(self, folder: Path, dsn: str, env: dict[str, str]) -> None:
-        base = {"SOKUTATSU_QUEUEDB_LISTEN": "127.0.0.1:0", "SOKUTATSU_QUEUEDB_DSN": dsn, "SOKUTATSU_GRACE_SECONDS": "1"}
-        super().__init__("sokutatsu.queuedb", {**base, **env}, folder)
-        self.dsn = dsn
-
-    def queues(self) -> list[str]:
-        """The queues its database holds, by name."""
-        with psycopg.connect(self.dsn) as conn:
-            return [r[0] for r in conn.execute("SELECT name FROM sokutatsu.queues ORDER BY name").fetchall()]
-
-
 @pytest.fixture
 def queuedb_node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Callable[..., QueueDbNode]]:
     """``queuedb_node(max_batch="20", ...)``: a started queue-db service on a new database, with those
@@ -96,41 +71,6 @@ def queuedb_node(node_database: NodeDatabase, tmp_path: Path) -> Iterator[Callab
         code = node.stop()
         assert code == 0, f"queue-db exited with {code}:\n{node.tail()}"
         assert "Traceback" not in node.output(), node.output()
-
-
-def transfer_nodes(
-    sender_dsn: str, receiver_dsn: str, folder: Path, *, both: Mapping[str, str] | None = None, **daemon_env: str
-) -> tuple[Node, Node]:
-    """(node2's queue-db service on ``receiver_dsn``, node1's transfer daemon on ``sender_dsn``
-    sending to it), not started. ``both``: settings of both processes (e.g. auth);
-    ``daemon_env``: more ``SOKUTATSU_TRANSFER_*`` settings."""
-    receiver_address = f"127.0.0.1:{free_port()}"
-    receiver = Node(
-        "sokutatsu.queuedb",
-        {
-            "SOKUTATSU_QUEUEDB_LISTEN": receiver_address,
-            "SOKUTATSU_QUEUEDB_INSTANCE": "node2",
-            "SOKUTATSU_QUEUEDB_DSN": receiver_dsn,
-            "SOKUTATSU_GRACE_SECONDS": "1",
-            **(both or {}),
-        },
-        folder,
-    )
-    daemon = Node(
-        "sokutatsu.queuedb.transferd",
-        {
-            "SOKUTATSU_TRANSFER_LISTEN": "127.0.0.1:0",
-            "SOKUTATSU_TRANSFER_NODE": "node1",
-            "SOKUTATSU_TRANSFER_DSN": sender_dsn,
-            "SOKUTATSU_TRANSFER_PEERS": f"node2={receiver_address}",
-            "SOKUTATSU_TRANSFER_POLL_MS": "50",
-            "SOKUTATSU_GRACE_SECONDS": "1",
-            **(both or {}),
-            **daemon_env,
-        },
-        folder,
-    )
-    return receiver, daemon
 
 
 def queue_bodies(dsn: str, queue: str = "inbox") -> list[bytes]:
@@ -155,7 +95,7 @@ class Cluster:
         """SIGKILL the postmaster and all its children at once (an OS-level crash of the server)."""
         pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
         os.kill(pid, signal.SIGSTOP)  # no new backend from here on: the list below is complete
-        victims = [pid, *_children(pid)]
+        victims = [pid, *children(pid)]
         for victim in victims:
             with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
                 os.kill(victim, signal.SIGKILL)
@@ -173,19 +113,6 @@ class Cluster:
             raise AssertionError(f"{exc}:\n{self.pg.log_file.read_text()[-3000:]}") from None
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def _alive(pid: int) -> bool:
     """Until reaped: PostgreSQL takes a lock file whose process is a zombie for a live postmaster."""
     return Path(f"/proc/{pid}").exists()
@@ -201,3 +128,16 @@ def own_cluster(folder: Path, name: str, settings: Mapping[str, str] | None = No
         conn.execute("SELECT pg_reload_conf()")
         migrate(conn)
     return Cluster(pg)
+
+
+__all__ = [
+    "Cluster",
+    "Node",
+    "NodeDatabase",
+    "QueueDbNode",
+    "node_database",
+    "own_cluster",
+    "queue_bodies",
+    "queuedb_node",
+    "transfer_nodes",
+]

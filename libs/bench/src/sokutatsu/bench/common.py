@@ -3,94 +3,77 @@ JSON output are :mod:`sokutatsu.cli.measure`'s, shared with the demo and the cha
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sokutatsu.harness import spawn, stop_process, wait_announced
+from sokutatsu.harness import ServiceProcess, settings
+from sokutatsu.harness.broker import BrokerProcess, Pair
+from sokutatsu.harness.monitor import MonitorProcess
 
-
-@dataclass
-class BrokerRun:
-    address: str
-    process: subprocess.Popen[bytes]
-    folder: Path
-
-
-@contextmanager
-def service_process(module: str, prefix: str, folder: Path, name: str, **settings: str) -> Iterator[BrokerRun]:
-    """``python -m <module>`` on a free loopback port, state under ``folder``; stopped (SIGTERM) on exit."""
-    env = {
-        f"{prefix}LISTEN": "127.0.0.1:0",
-        f"{prefix}INSTANCE": name,
-        "SOKUTATSU_LOG_LEVEL": "WARNING",
-        **{f"{prefix}{k.upper()}": v for k, v in settings.items()},
-    }
-    announce, log = folder / f"{name}.json", folder / f"{name}.log"
-    process = spawn(module, env, log, announce=announce)
-    try:
-        yield BrokerRun(wait_announced(process, announce, log), process, folder)
-    finally:
-        stop_process(process)
+# Services a benchmark starts log warnings only (their logs are kept beside the run's figures).
+QUIET = {"SOKUTATSU_LOG_LEVEL": "WARNING"}
 
 
 @contextmanager
-def broker_process(**settings: str) -> Iterator[BrokerRun]:
+def started(*processes: ServiceProcess) -> Iterator[None]:
+    """Start ``processes`` in order, each quiet; stop them all (SIGTERM, last first) on exit."""
+    with ExitStack() as stack:
+        for process in processes:
+            process.env.update(QUIET)
+            stack.callback(process.stop)
+            process.start()
+        yield
+
+
+@contextmanager
+def service_process(module: str, prefix: str, folder: Path, name: str, **values: str) -> Iterator[ServiceProcess]:
+    """``python -m <module>`` on a free loopback port (``<prefix>LISTEN``, ``<prefix>INSTANCE`` ``name``,
+    more ``<prefix>*`` settings from ``values``), under ``folder``; stopped on exit."""
+    process = ServiceProcess(module, folder, settings(prefix, listen="127.0.0.1:0", instance=name, **values), name)
+    with started(process):
+        yield process
+
+
+@contextmanager
+def broker_process(**values: str) -> Iterator[BrokerProcess]:
     """A broker on a free loopback port with a throw-away state folder; stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-") as tmp:
-        folder = Path(tmp)
-        settings.setdefault("state_dir", str(folder / "state"))
-        with service_process("sokutatsu.broker", "SOKUTATSU_BROKER_", folder, "broker-a", **settings) as run:
-            yield run
+        broker = BrokerProcess.with_settings(Path(tmp), instance="broker-a", **values)
+        with started(broker):
+            yield broker
 
 
 @dataclass
-class PairRun:
+class PairRun(Pair):
     """A broker pair and the monitor watching it, each its own process."""
 
-    active: BrokerRun
-    standby: BrokerRun
-    monitor: BrokerRun
+    monitor: MonitorProcess
 
-    @property
-    def addresses(self) -> list[str]:
-        return [self.active.address, self.standby.address]
+
+@contextmanager
+def broker_pair(folder: Path, **values: str) -> Iterator[Pair]:
+    """broker-a (active) and broker-b (standby, told broker-a's address) under ``folder``, with these
+    ``SOKUTATSU_BROKER_*`` settings; stopped on exit."""
+    pair = Pair.in_folder(folder, **values)
+    with ExitStack() as stack:
+        for process in pair.brokers:
+            process.env.update(QUIET)
+        stack.callback(pair.stop)
+        yield pair.start()
 
 
 @contextmanager
 def pair_with_monitor(
     folder: Path, broker: dict[str, str] | None = None, monitor: dict[str, str] | None = None
 ) -> Iterator[PairRun]:
-    """broker-a (active), broker-b (standby, told broker-a's address) and a monitor, with extra settings."""
-    broker = broker or {}
-    broker_module, broker_prefix = "sokutatsu.broker", "SOKUTATSU_BROKER_"
-    with (
-        service_process(
-            broker_module, broker_prefix, folder, "broker-a", role="active", state_dir=str(folder / "a"), **broker
-        ) as a,
-        service_process(
-            broker_module,
-            broker_prefix,
-            folder,
-            "broker-b",
-            role="standby",
-            state_dir=str(folder / "b"),
-            peer=a.address,
-            **broker,
-        ) as b,
-        service_process(
-            "sokutatsu.monitor",
-            "SOKUTATSU_MONITOR_",
-            folder,
-            "monitor",
-            brokers=f"broker-a={a.address},broker-b={b.address}",
-            **(monitor or {}),
-        ) as m,
-    ):
-        yield PairRun(a, b, m)
+    """:func:`broker_pair` and a monitor watching it, with extra settings."""
+    with broker_pair(folder, **(broker or {})) as pair:
+        watcher = MonitorProcess.watching(folder / "monitor", pair.brokers, **(monitor or {}))
+        with started(watcher):
+            yield PairRun(pair.active, pair.standby, watcher)
 
 
 @dataclass

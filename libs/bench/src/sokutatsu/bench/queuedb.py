@@ -52,11 +52,13 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from sokutatsu.bench import queuedb_remote as remote
-from sokutatsu.bench.common import cpu_sample, service_process, steal_percent
+from sokutatsu.bench.common import cpu_sample, started, steal_percent
 from sokutatsu.bench.link import delayed_link
 from sokutatsu.cli.measure import machine
 from sokutatsu.core.dsn import create_database, database_dsn
 from sokutatsu.core.embedded_pg import EmbeddedPostgres, find_bindir
+from sokutatsu.harness import settings
+from sokutatsu.harness.queuedb import DAEMON, PREFIXES, SERVICE, QueueDbNode, transfer_daemon
 from sokutatsu.queuedb.enqueue import (
     _ENQUEUE_LOCAL,
     Message,
@@ -68,8 +70,6 @@ from sokutatsu.queuedb.schema import migrate
 
 LOCAL_QUEUE = "bench"
 FORWARD_QUEUE, TO_QUEUE = "orders", "inbox"
-QUEUEDB = ("sokutatsu.queuedb", "SOKUTATSU_QUEUEDB_")
-TRANSFERD = ("sokutatsu.queuedb.transferd", "SOKUTATSU_TRANSFER_")
 POLL_SECONDS = 0.05
 TARGETS = {
     "enqueue_vs_raw": 0.8,
@@ -406,27 +406,18 @@ def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes,
     run_folder = folder / f"transfer-{mode}-{cfg.transfer_batch}-{one_way_ms:g}ms"
     run_folder.mkdir()
     limit = max(120.0, n / 500)
-    with (
-        service_process(*QUEUEDB, run_folder, "node2", dsn=node2) as receiver,
-        delayed_link(receiver.address, one_way_ms) as link,
-    ):
+    receiver = QueueDbNode(run_folder, node2, settings(PREFIXES[SERVICE], instance="node2"), name="node2")
+    with started(receiver), delayed_link(receiver.address, one_way_ms) as link:
         before = cpu_sample()
         launched = time.perf_counter()
-        with service_process(
-            *TRANSFERD,
-            run_folder,
-            "node1",
-            node="node1",
-            dsn=node1,
-            peers=f"node2={link}",
-            mode=mode,
-            batch=str(cfg.transfer_batch),
-        ) as daemon:
+        tuning = settings(PREFIXES[DAEMON], mode=mode, batch=str(cfg.transfer_batch))
+        daemon = transfer_daemon(run_folder, node1, "node1", f"node2={link}", tuning, name="node1")
+        with started(daemon):
             # The clock starts when the daemon is up (its announcement), not at the interpreter's launch:
             # its transfer loop starts as it begins serving; what arrived before that is reported.
             start = time.perf_counter()
             early = int(_scalar(node2, "SELECT coalesce(max(seq), 0) FROM sokutatsu.messages"))
-            done = _wait_received(node2, n, lambda: daemon.process.poll() is None, limit)
+            done = _wait_received(node2, n, daemon.alive, limit)
             steal = steal_percent(before, cpu_sample())
             outbox = _outbox_drained(node1)
     received = int(_scalar(node2, "SELECT count(*) FROM sokutatsu.messages"))

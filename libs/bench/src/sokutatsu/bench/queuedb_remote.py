@@ -44,17 +44,19 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sokutatsu.bench.common import cpu_sample, service_process, steal_percent
+from sokutatsu.bench.common import cpu_sample, started, steal_percent
 from sokutatsu.cli.measure import percentile
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.tls import open_channel
+from sokutatsu.harness import settings
+from sokutatsu.harness.process import children
+from sokutatsu.harness.queuedb import PREFIXES, SERVICE, QueueDbNode, transfer_daemon
 from sokutatsu.queuedb.schema import migrate
 from sokutatsu.queuedb.v1 import queuedb_pb2, queuedb_pb2_grpc
 
 if TYPE_CHECKING:
     from sokutatsu.bench.queuedb import QueueDbBenchConfig, Server
 
-QUEUEDB = ("sokutatsu.queuedb", "SOKUTATSU_QUEUEDB_")
-TRANSFERD = ("sokutatsu.queuedb.transferd", "SOKUTATSU_TRANSFER_")
 REMOTE_CALLERS = (1, 16, 128)
 DURABILITIES = ("both", "alternate")
 REMOTE_RUNS = 2
@@ -110,16 +112,7 @@ def cluster_cpu(data_dir: Path | None) -> float:
         postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 0.0
-    total = process_cpu(postmaster, reaped=True)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
-                total += process_cpu(int(entry.name))
-    return total
+    return process_cpu(postmaster, reaped=True) + sum(process_cpu(child) for child in children(postmaster))
 
 
 async def _callers(address: str, queue: str, n: int, size: int, callers: int) -> tuple[float, list[float]]:
@@ -190,20 +183,21 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         else queuedb_pb2.REMOTE_DURABILITY_BOTH,
     )
     flushes_before = wal_syncs(node1.dsn), wal_syncs(node2.dsn)
-    with (
-        service_process(*QUEUEDB, run_folder, "node2", dsn=node2.dsn) as receiver,
-        service_process(
-            *QUEUEDB,
-            run_folder,
-            "node1",
-            dsn=node1.dsn,
-            peers="node2",
-            **({} if grouped else {"group_commit_max_calls": "1"}),
-        ) as sender,
-        service_process(
-            *TRANSFERD, run_folder, "transfer", node="node1", dsn=node1.dsn, peers=f"node2={receiver.address}"
-        ) as daemon,
-    ):
+    # The receiver's port is chosen now: the daemon, started with the others, names it.
+    receiver_address = f"127.0.0.1:{free_port()}"
+    receiver = QueueDbNode(
+        run_folder, node2.dsn, settings(PREFIXES[SERVICE], instance="node2"), listen=receiver_address, name="node2"
+    )
+    sender = QueueDbNode(
+        run_folder,
+        node1.dsn,
+        settings(
+            PREFIXES[SERVICE], instance="node1", peers="node2", **({} if grouped else {"group_commit_max_calls": "1"})
+        ),
+        name="node1",
+    )
+    daemon = transfer_daemon(run_folder, node1.dsn, "node1", f"node2={receiver_address}", name="transfer")
+    with started(receiver, sender, daemon):
         async with open_channel(sender.address) as channel:
             stub: queuedb_pb2_grpc.QueueServiceAsyncStub = queuedb_pb2_grpc.QueueServiceStub(channel)
             create = queuedb_pb2.CreateQueueRequest(queue=queuedb_pb2.Queue(name=queue, transfer=rule))
@@ -212,9 +206,9 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         await _callers(sender.address, queue, warm, cfg.size, callers)
         pids = {
             "callers": os.getpid(),
-            "node1_service": sender.process.pid,
-            "node2_service": receiver.process.pid,
-            "transfer_daemon": daemon.process.pid,
+            "node1_service": sender.pid,
+            "node2_service": receiver.pid,
+            "transfer_daemon": daemon.pid,
         }
 
         def cpu_now() -> dict[str, float]:
@@ -236,11 +230,11 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
         delivered = time.perf_counter() - answered + seconds
         steal = steal_percent(before, cpu_sample())
         outbox = _outbox_drained(node1.dsn)
-        floor_before = process_cpu(sender.process.pid), process_cpu(os.getpid())
+        floor_before = process_cpu(sender.pid), process_cpu(os.getpid())
         floor_seconds, floor_latencies = await _callers(sender.address, "", n, cfg.size, callers)
         floor_cpu = [
             round((process_cpu(pid) - b) / n * 1e6)
-            for pid, b in zip((sender.process.pid, os.getpid()), floor_before, strict=True)
+            for pid, b in zip((sender.pid, os.getpid()), floor_before, strict=True)
         ]
     # Read once the services have stopped: a backend reports its WAL statistics when it exits.
     flushes = [wal_syncs(c.dsn) - b for c, b in zip((node1, node2), flushes_before, strict=True)]

@@ -25,27 +25,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from sokutatsu.bench.common import BrokerRun, cpu_sample, service_process, steal_percent
+from sokutatsu.bench.common import broker_pair, cpu_sample, started, steal_percent
 from sokutatsu.cli.children import child_process, child_result, stdin_words, tell
 from sokutatsu.cli.measure import machine
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber, Stamp
-from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.tls import client_config, open_channel
+from sokutatsu.harness import settings
+from sokutatsu.harness.sequencer import PREFIX, SequencerProcess, sequencer_group, start_order
 from sokutatsu.sequencer.server import create_total_order_topic
 from sokutatsu.sequencer.v1 import sequencer_pb2, sequencer_pb2_grpc
 
 READY = "ready"
 TOPIC = "bench-ordered"
 DOMAINS = ("a", "b", "c")
-SEQUENCER = ("sokutatsu.sequencer", "SOKUTATSU_SEQUENCER_")
-BROKER = ("sokutatsu.broker", "SOKUTATSU_BROKER_")
 
 
 @dataclass
@@ -65,21 +61,6 @@ FULL = SequencerBenchConfig(
 
 
 # ------------------------------------------------------------------- stamps --
-async def _installed(address: str, limit: float = 30.0) -> None:
-    """Wait until the sequencer at ``address`` has a distribution (it stamps only then)."""
-    deadline = time.monotonic() + limit
-    async with open_channel(address) as channel:
-        stub = sequencer_pb2_grpc.SequencerStub(channel)
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                status = await stub.GetStatus(sequencer_pb2.GetStatusRequest(), timeout=5)
-                if status.distribution.id:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the sequencer at {address} installed no distribution within {limit:g}s")
-            await asyncio.sleep(0.05)
-
-
 async def stamp_rate(address: str, count: int, seconds: float, window: int) -> dict[str, Any]:
     """Ask for ``count`` numbers per request, ``window`` requests in flight, for ``seconds``."""
     room = asyncio.Semaphore(window)
@@ -127,16 +108,11 @@ async def measure_stamps(cfg: SequencerBenchConfig, folder: Path) -> dict[str, A
     runs = [(count, False) for count in cfg.ranges] + [(max(cfg.ranges), True)]
     for count, fsync in runs:
         name = f"seq-{count}-{'fsync' if fsync else 'nofsync'}"
-        with service_process(
-            *SEQUENCER,
-            folder,
-            name,
-            domain="a",
-            leader="true",
-            fsync="true" if fsync else "false",
-            state_dir=str(folder / name),
-        ) as sequencer:
-            await _installed(sequencer.address)
+        sequencer = SequencerProcess(
+            "a", folder / name, "127.0.0.1:0", settings(PREFIX, leader="true", fsync="true" if fsync else "false")
+        )
+        with started(sequencer):
+            await sequencer.wait_installed()
             before = cpu_sample()
             row = await stamp_rate(sequencer.address, count, cfg.stamp_seconds, cfg.window)
         row["fsync"] = fsync
@@ -147,56 +123,17 @@ async def measure_stamps(cfg: SequencerBenchConfig, folder: Path) -> dict[str, A
 
 
 # ------------------------------------------------------------------ ordered --
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (peers must know each other's address before they start)."""
-    ports: set[int] = set()
-    while len(ports) < n:
-        ports.add(free_port())
-    return sorted(ports)
-
-
 @contextlib.contextmanager
-def ordered_group(folder: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
-    """A broker pair and one sequencer per domain (the first leads); yields (brokers, sequencer addresses)."""
-    with ExitStack() as stack:
-        a: BrokerRun = stack.enter_context(
-            service_process(*BROKER, folder, "broker-a", role="active", state_dir=str(folder / "broker-a"))
-        )
-        b: BrokerRun = stack.enter_context(
-            service_process(
-                *BROKER, folder, "broker-b", role="standby", state_dir=str(folder / "broker-b"), peer=a.address
-            )
-        )
-        brokers = [a.address, b.address]
-        addresses = {d: f"127.0.0.1:{p}" for d, p in zip(DOMAINS, _free_ports(len(DOMAINS)), strict=True)}
-        yield brokers, addresses
-
-
-@contextlib.contextmanager
-def sequencers(folder: Path, brokers: list[str], addresses: dict[str, str]) -> Iterator[None]:
-    """The followers first, then the leader (it installs the first distribution on them)."""
-    with ExitStack() as stack:
-        for domain in reversed(DOMAINS):
-            stack.enter_context(
-                service_process(
-                    *SEQUENCER,
-                    folder,
-                    f"seq-{domain}",
-                    listen=addresses[domain],
-                    domain=domain,
-                    leader="true" if domain == DOMAINS[0] else "false",
-                    peers=",".join(f"{d}={addr}" for d, addr in addresses.items() if d != domain),
-                    brokers=",".join(brokers),
-                    topic=TOPIC,
-                    state_dir=str(folder / f"seq-{domain}"),
-                )
-            )
-        yield
+def ordered_group(folder: Path) -> Iterator[tuple[list[str], dict[str, SequencerProcess]]]:
+    """A broker pair (started) and one sequencer per domain on it (the first leads; not started):
+    (the brokers' addresses, the sequencers)."""
+    with broker_pair(folder) as pair:
+        yield pair.addresses, sequencer_group(folder, DOMAINS, pair.addresses, TOPIC)
 
 
 async def measure_ordered(cfg: SequencerBenchConfig, folder: Path) -> dict[str, Any]:
     total = cfg.messages * len(DOMAINS)
-    with ordered_group(folder) as (brokers, addresses):
+    with ordered_group(folder) as (brokers, group):
         await create_total_order_topic(brokers, TOPIC)
         joined = ",".join(brokers)
         async with contextlib.AsyncExitStack() as stack:
@@ -207,15 +144,15 @@ async def measure_ordered(cfg: SequencerBenchConfig, folder: Path) -> dict[str, 
                 )
                 for i in range(cfg.readers)
             ]
-            with sequencers(folder, brokers, addresses):
-                for domain in DOMAINS:
-                    await _installed(addresses[domain])
+            with started(*start_order(group)):
+                for member in group.values():
+                    await member.wait_installed()
                 publishers = [
                     await stack.enter_async_context(
                         child_process(
                             __name__,
                             "publish",
-                            addresses[domain],
+                            group[domain].address,
                             joined,
                             domain,
                             str(cfg.messages),

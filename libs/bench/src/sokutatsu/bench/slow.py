@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sokutatsu.bench.common import cpu_sample, pair_with_monitor, service_process, steal_percent
+from sokutatsu.bench.common import cpu_sample, pair_with_monitor, started, steal_percent
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.children import child_process, child_result, tell
 from sokutatsu.cli.measure import machine
 from sokutatsu.client import BufferFull, Publisher
 from sokutatsu.core.tls import client_config, open_channel
+from sokutatsu.harness.broker import BrokerProcess
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "ticks"
@@ -216,9 +217,8 @@ async def measure_size(cfg: SlowConfig, size: int) -> dict[str, Run]:
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-slow-") as tmp:
         folder = Path(tmp)
-        with service_process(
-            "sokutatsu.broker", "SOKUTATSU_BROKER_", folder, "ftd", state_dir=str(folder / "ftd")
-        ) as broker:
+        broker = BrokerProcess.with_settings(folder / "ftd", instance="ftd")
+        with started(broker):
             runs["flow-to-disk"] = await _run_mode(cfg, size, "flow-to-disk", [broker.address], "")
         monitor = {"stats_interval_ms": "50", "slow_threshold_min": str(max(1, cfg.budget(size) // size // 2))}
         with pair_with_monitor(folder, monitor=monitor) as pair:

@@ -295,14 +295,15 @@ async def _sample_loop(
             stubs[name] = broker_pb2_grpc.BrokerAdminStub(channel)
         while True:
             row: dict[str, Any] = {"t": round(time.monotonic() - start, 1)}
-            row["rss"] = {name: vm_rss(run.process.pid) for name, run in processes.items()}
+            row["rss"] = {name: vm_rss(run.pid) for name, run in processes.items()}
             for name, stub in stubs.items():
                 row[name] = _stats_row(await _broker_stats(stub))
             # Bytes of files under each broker's state folder (segment files, catalog), and of the
             # stalled subscriber's queue folder, measured on the file system.
-            row["state_dir_bytes"] = {b: _folder_bytes(folder / b[-1]) for b in ("broker-a", "broker-b")}
+            states = {"broker-a": pair.active.state_dir, "broker-b": pair.standby.state_dir}
+            row["state_dir_bytes"] = {b: _folder_bytes(state) for b, state in states.items()}
             row["stalled_folder_bytes"] = {
-                b: _folder_bytes(folder / b[-1] / "queues" / TOPIC / "soak-stalled") for b in ("broker-a", "broker-b")
+                b: _folder_bytes(state / "queues" / TOPIC / "soak-stalled") for b, state in states.items()
             }
             samples.append(row)
             await asyncio.sleep(cfg.sample_seconds)
@@ -421,7 +422,7 @@ async def _soak(cfg: SoakConfig, pair: PairRun, progress: Any, folder: Path) -> 
         drained_s=drained,
         load=[load_before, os.getloadavg()],
         steal=steal_percent(cpu_before, cpu_sample()),
-        pids={"broker-a": pair.active.process.pid, "broker-b": pair.standby.process.pid},
+        pids={"broker-a": pair.active.pid, "broker-b": pair.standby.pid},
     )
 
 

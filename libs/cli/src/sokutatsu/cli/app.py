@@ -35,7 +35,7 @@ from sokutatsu.cli.launcher import (
     state_lock,
 )
 from sokutatsu.cli.settings import ALL_SETTINGS, LauncherSettings
-from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.cli.topology import SuiteProcess, suite
 from sokutatsu.core.cluster import cluster_secret_source, load_secret
 from sokutatsu.core.embedded_pg import PostgresSettings, provide_postgres
 from sokutatsu.core.errors import StartupError
@@ -82,7 +82,7 @@ def _endpoint_table(running: list[Running]) -> Table:
 async def _run_suite(
     state_dir: Path,
     pg_dsn: str,
-    specs: list[ServiceProcess],
+    specs: list[SuiteProcess],
     options: _Options,
     signals: StopSignals,
 ) -> int:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,10 +29,11 @@ from sokutatsu.cli import chaos_schedule as sched
 from sokutatsu.cli.chaos_proxy import LinkProxy
 from sokutatsu.cli.children import child_process, tell
 from sokutatsu.cli.launcher import Running, Suite
-from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.cli.topology import SuiteProcess, suite
 from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.settings import describe
 from sokutatsu.core.tls import open_channel
+from sokutatsu.harness import freeze, thaw
 from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "chaos"
@@ -113,7 +112,7 @@ class Cluster:
         # to[x]: the proxy that leads to broker x (the other broker's PEER_LINK).
         self.to = {name: LinkProxy(self.address[name]) for name in BROKERS}
         self.suite = Suite(folder / "suite", pg_dsn="", fixed_ports=True, grace_seconds=2.0)
-        self.specs: dict[str, ServiceProcess] = {}
+        self.specs: dict[str, SuiteProcess] = {}
         self.running: dict[str, Running] = {}
         self.paused: set[str] = set()
         self.link_via_proxy = peer_link_supported()
@@ -153,23 +152,19 @@ class Cluster:
         return self.running[name].pid
 
     async def kill(self, name: str) -> None:
-        running = self.running[name]
-        running.process.kill()
-        await asyncio.to_thread(running.process.wait)
-        self.suite.running.remove(running)
+        await self.suite.kill(self.running[name])
 
     async def restart(self, name: str) -> None:
         """Start ``name`` again: same port, same state folder, same settings (as an operator would)."""
         await self._spawn(name)
 
     def stop_process(self, name: str) -> None:
-        os.kill(self.pid(name), signal.SIGSTOP)
+        freeze(self.running[name].process)
         self.paused.add(name)
 
     def continue_process(self, name: str) -> None:
         self.paused.discard(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid(name), signal.SIGCONT)
+        thaw(self.running[name].process)
 
     async def role(self, name: str) -> broker_pb2.RoleInfo | None:
         stub = broker_pb2_grpc.BrokerControlStub(self._channels[name])

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sokutatsu.cli.launcher import Running, Suite
-from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.cli.topology import SuiteProcess, suite
 from sokutatsu.client import OrderedPublisher, OrderedSubscriber
 from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.core.tls import client_config
@@ -122,7 +122,7 @@ class Group:
 
     def __init__(self, folder: Path) -> None:
         self.suite = Suite(folder / "suite", pg_dsn="", fixed_ports=False, grace_seconds=2.0)
-        self.specs: dict[str, ServiceProcess] = {}
+        self.specs: dict[str, SuiteProcess] = {}
         self.running: dict[str, Running] = {}
         self._never = asyncio.Event()
 
@@ -165,19 +165,14 @@ class Group:
         return time.monotonic()
 
     async def kill(self, name: str) -> None:
-        running = self.running[name]
-        running.process.kill()
-        await asyncio.to_thread(running.process.wait)
-        self.suite.running.remove(running)
+        await self.suite.kill(self.running[name])
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.running[name].pid, sig)
 
     async def stop(self) -> list[tuple[str, int]]:
-        for name in self.running:
-            self.signal(name, signal.SIGCONT)
-        return await self.suite.stop()
+        return await self.suite.stop()  # a paused member is resumed first
 
 
 # ---------------------------------------------------------------- the clients --

@@ -34,11 +34,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sokutatsu.cli.topology import ServiceProcess
+from sokutatsu.cli.topology import SuiteProcess
 from sokutatsu.core.dsn import create_database, database_dsn, dsn_without_password, redact_dsn
 from sokutatsu.core.errors import StartupError
 from sokutatsu.core.health import check
-from sokutatsu.harness import read_announce, spawn
+from sokutatsu.harness import kill9, read_announce, spawn, stop_process_async
 
 READY_TIMEOUT_SECONDS = 60.0
 STOP_MARGIN_SECONDS = 5.0
@@ -154,7 +154,7 @@ def connect_hint(pg_dsn: str, external: bool) -> str:
     )
 
 
-def prepare_databases(pg_dsn: str, specs: list[ServiceProcess]) -> None:
+def prepare_databases(pg_dsn: str, specs: list[SuiteProcess]) -> None:
     """Create the databases the services need (PostgresError, one line, when the server cannot)."""
     for spec in specs:
         if spec.database:
@@ -163,7 +163,7 @@ def prepare_databases(pg_dsn: str, specs: list[ServiceProcess]) -> None:
 
 @dataclass
 class Running:
-    spec: ServiceProcess
+    spec: SuiteProcess
     process: subprocess.Popen[bytes]
     log_path: Path
     address: str = ""
@@ -191,7 +191,7 @@ class Suite:
         self.fixed_ports = fixed_ports
         self.grace_seconds = grace_seconds
         self.running: list[Running] = []
-        # The pinned processes' addresses, known before they start (ServiceProcess.pinned).
+        # The pinned processes' addresses, known before they start (SuiteProcess.pinned).
         self.pinned: dict[str, str] = {}
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (state_dir / "run").mkdir(parents=True, exist_ok=True)
@@ -200,7 +200,7 @@ class Suite:
     def endpoints_file(self) -> Path:
         return self.state_dir / "endpoints.json"
 
-    def _env(self, spec: ServiceProcess) -> dict[str, str]:
+    def _env(self, spec: SuiteProcess) -> dict[str, str]:
         env = dict(spec.env)
         env["SOKUTATSU_GRACE_SECONDS"] = str(self.grace_seconds)
         env["SOKUTATSU_PARENT_PID"] = str(os.getpid())
@@ -214,11 +214,11 @@ class Suite:
         env.update(spec.linked_env({**self.pinned, **{r.spec.name: r.address for r in self.running if r.address}}))
         return env
 
-    def pin(self, specs: list[ServiceProcess]) -> None:
+    def pin(self, specs: list[SuiteProcess]) -> None:
         """Know the pinned processes' addresses before they start."""
         self.pinned.update({s.name: f"127.0.0.1:{s.fixed_port}" for s in specs if s.pinned})
 
-    def spawn(self, spec: ServiceProcess) -> Running:
+    def spawn(self, spec: SuiteProcess) -> Running:
         announce = self.state_dir / "run" / f"{spec.name}.json"
         log_path = self.state_dir / "logs" / f"{spec.name}.log"
         self.pin([spec])
@@ -257,9 +257,7 @@ class Suite:
             f"{running.spec.name} did not report SERVING within {READY_TIMEOUT_SECONDS:g}s (log: {running.log_path})"
         )
 
-    async def start(
-        self, specs: list[ServiceProcess], stop: asyncio.Event, progress: Callable[[Running], None]
-    ) -> None:
+    async def start(self, specs: list[SuiteProcess], stop: asyncio.Event, progress: Callable[[Running], None]) -> None:
         self.pin(specs)
         for spec in specs:
             if stop.is_set():
@@ -293,20 +291,18 @@ class Suite:
         """A service that stopped on its own, if any."""
         return next((r for r in self.running if r.process.poll() is not None), None)
 
+    async def kill(self, running: Running) -> None:
+        """SIGKILL (a crash), wait for it to be gone, and forget it (:meth:`spawn` starts it again)."""
+        await asyncio.to_thread(kill9, running.process)
+        self.running.remove(running)
+
     async def stop(self) -> list[tuple[str, int]]:
-        """SIGTERM each service in reverse order; SIGKILL after its grace. Return (name, exit status)."""
+        """SIGTERM each service in reverse order (a paused one is resumed first); SIGKILL after its
+        grace. Return (name, exit status)."""
         results = []
         for running in reversed(self.running):
-            proc = running.process
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + self.grace_seconds + STOP_MARGIN_SECONDS
-                while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a child process
-                    await asyncio.sleep(0.05)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            results.append((running.spec.name, proc.returncode))
+            code = await stop_process_async(running.process, limit=self.grace_seconds + STOP_MARGIN_SECONDS)
+            results.append((running.spec.name, code))
         self.running.clear()
         self.endpoints_file.unlink(missing_ok=True)
         return results

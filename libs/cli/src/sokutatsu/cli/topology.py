@@ -20,8 +20,9 @@ from sokutatsu.sequencer.v1 import sequencer_pb2
 
 
 @dataclass(frozen=True)
-class ServiceProcess:
-    """One service process: ``python -m <module>`` with its own environment."""
+class SuiteProcess:
+    """How the suite runs one of its processes: ``python -m <module>`` with its own environment
+    (a description; :class:`sokutatsu.cli.launcher.Suite` starts it)."""
 
     name: str
     module: str
@@ -57,12 +58,16 @@ class ServiceProcess:
         return env
 
 
+# The former name (not the harness's ServiceProcess, which runs a process), for who still imports it.
+ServiceProcess = SuiteProcess
+
+
 def _served(proto_module: Any) -> tuple[str, ...]:
     """Every service declared in a generated ``*_pb2`` module."""
     return tuple(s.full_name for s in proto_module.DESCRIPTOR.services_by_name.values())
 
 
-def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
+def suite(*, auto_ports: bool = False) -> list[SuiteProcess]:
     """Every process of the suite, in start order (stopped in reverse).
 
     ``auto_ports``: the pinned processes get a free port now (the others get one at their start)."""
@@ -71,7 +76,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
     queuedb = _served(queuedb_pb2)
     pair = {"SOKUTATSU_SEQUENCER_BROKERS": "{broker-a},{broker-b}"}
     processes = [
-        ServiceProcess(
+        SuiteProcess(
             "broker-a",
             "sokutatsu.broker",
             "SOKUTATSU_BROKER_",
@@ -81,7 +86,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             env={"SOKUTATSU_BROKER_ROLE": "active"},
             keeps_state=True,
         ),
-        ServiceProcess(
+        SuiteProcess(
             "broker-b",
             "sokutatsu.broker",
             "SOKUTATSU_BROKER_",
@@ -93,7 +98,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             # broker-a learns broker-b's address from broker-b's first watermark frame.
             links={"SOKUTATSU_BROKER_PEER": "{broker-a}"},
         ),
-        ServiceProcess(
+        SuiteProcess(
             "monitor",
             "sokutatsu.monitor",
             "SOKUTATSU_MONITOR_",
@@ -102,7 +107,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             _served(monitor_pb2),
             links={"SOKUTATSU_MONITOR_BROKERS": "broker-a={broker-a},broker-b={broker-b}"},
         ),
-        ServiceProcess(
+        SuiteProcess(
             "queuedb-1",
             "sokutatsu.queuedb",
             "SOKUTATSU_QUEUEDB_",
@@ -113,7 +118,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             # The nodes its queues may forward to (TransferRule.to_node), as transfer-1 sends to them.
             env={"SOKUTATSU_QUEUEDB_PEERS": "queuedb-2"},
         ),
-        ServiceProcess(
+        SuiteProcess(
             "queuedb-2",
             "sokutatsu.queuedb",
             "SOKUTATSU_QUEUEDB_",
@@ -122,7 +127,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             queuedb,
             database="sokutatsu_node2",
         ),
-        ServiceProcess(
+        SuiteProcess(
             "transfer-1",
             "sokutatsu.queuedb.transferd",
             "SOKUTATSU_TRANSFER_",
@@ -133,7 +138,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             env={"SOKUTATSU_TRANSFER_NODE": "queuedb-1"},
             links={"SOKUTATSU_TRANSFER_PEERS": "queuedb-2={queuedb-2}"},
         ),
-        ServiceProcess(
+        SuiteProcess(
             "seq-b",
             "sokutatsu.sequencer",
             "SOKUTATSU_SEQUENCER_",
@@ -145,7 +150,7 @@ def suite(*, auto_ports: bool = False) -> list[ServiceProcess]:
             links=pair,
             peer_links={"SOKUTATSU_SEQUENCER_PEERS": "a={seq-a}"},
         ),
-        ServiceProcess(
+        SuiteProcess(
             "seq-a",
             "sokutatsu.sequencer",
             "SOKUTATSU_SEQUENCER_",

@@ -7,13 +7,14 @@ knows the service is up. Every bound here only stops a hung start or stop; nothi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,11 @@ def wait_announced(
     return address
 
 
+def settings(prefix: str, **values: str) -> dict[str, str]:
+    """``settings("SOKUTATSU_BROKER_", peer_timeout_ms="500")``: the variables, named as the service reads them."""
+    return {f"{prefix}{name.upper()}": value for name, value in values.items()}
+
+
 def stop_process(process: subprocess.Popen[Any], *, limit: float = STOP_LIMIT_SECONDS) -> int:
     """SIGTERM, then SIGKILL if it has not exited within ``limit``; its exit status."""
     if process.poll() is None:
@@ -76,15 +82,56 @@ def stop_process(process: subprocess.Popen[Any], *, limit: float = STOP_LIMIT_SE
         try:
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            kill9(process)
     return int(process.returncode)
+
+
+async def stop_process_async(process: subprocess.Popen[Any], *, limit: float = STOP_LIMIT_SECONDS) -> int:
+    """:func:`stop_process` without blocking the event loop (it polls the process)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + limit
+        while process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - polling a child process
+            await asyncio.sleep(_POLL_SECONDS)
+        if process.poll() is None:
+            await asyncio.to_thread(kill9, process)
+    return int(process.returncode)
+
+
+def kill9(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL (a crash), and wait for it to be gone."""
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=STOP_LIMIT_SECONDS)
+
+
+def freeze(process: subprocess.Popen[Any]) -> None:
+    """SIGSTOP: it holds its connections but answers nothing (a hung process)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGSTOP)
+
+
+def thaw(process: subprocess.Popen[Any]) -> None:
+    """SIGCONT after :func:`freeze`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, limit: float = START_LIMIT_SECONDS) -> None:
+    """Poll ``check`` until it is true; :class:`HarnessError` naming ``what`` after ``limit`` (a hung wait)."""
+    deadline = time.monotonic() + limit
+    while not await check():
+        if time.monotonic() > deadline:
+            raise HarnessError(f"timed out after {limit:g} s waiting for {what}")
+        await asyncio.sleep(_POLL_SECONDS)
 
 
 @dataclass
 class ServiceProcess:
     """``python -m module`` in ``folder``: each start has its own log (``<name>-<n>.log``) and writes
-    its address to ``<name>.announce.json``; ``env`` holds across starts."""
+    its address to ``<name>.announce.json``; ``env`` holds across starts. It stops by itself when
+    the process that started it is gone (``SOKUTATSU_PARENT_PID``, unless ``env`` names another)."""
 
     module: str
     folder: Path
@@ -108,8 +155,13 @@ class ServiceProcess:
         self.starts += 1
         log = self.folder / f"{self.name}-{self.starts}.log"
         self.logs.append(log)
-        self.process = spawn(self.module, {**self.env, **env}, log, announce=self.announce)
-        self.address = wait_announced(self.process, self.announce, log)
+        parent = {"SOKUTATSU_PARENT_PID": str(os.getpid())}
+        self.process = spawn(self.module, {**parent, **self.env, **env}, log, announce=self.announce)
+        try:
+            self.address = wait_announced(self.process, self.announce, log)
+        except BaseException:  # e.g. KeyboardInterrupt: never leave the process behind
+            stop_process(self.process, limit=0)
+            raise
         return self.address
 
     @property
@@ -126,19 +178,18 @@ class ServiceProcess:
 
     def kill9(self) -> None:
         """SIGKILL, and wait for it to be gone."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=STOP_LIMIT_SECONDS)
+        if self.process is not None:
+            kill9(self.process)
 
     def freeze(self) -> None:
         """SIGSTOP: it holds its connections but answers nothing (a hung process)."""
         if self.process is not None:
-            self.process.send_signal(signal.SIGSTOP)
+            freeze(self.process)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
         if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
+            thaw(self.process)
 
     def stop(self, *, limit: float = STOP_LIMIT_SECONDS) -> int | None:
         """SIGTERM (graceful), SIGKILL after ``limit``; the exit status, None if never started."""
@@ -151,6 +202,20 @@ class ServiceProcess:
     def tail(self, chars: int = 2000) -> str:
         """The end of the last two starts' logs (for a failure message)."""
         return "\n".join(_tail(p, chars) for p in self.logs[-2:])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (from ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def _tail(log: Path, chars: int = 3000) -> str:

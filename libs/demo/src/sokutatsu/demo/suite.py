@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from sokutatsu.cli.launcher import Running, Suite
-from sokutatsu.cli.topology import ServiceProcess, suite
+from sokutatsu.cli.topology import SuiteProcess, suite
 from sokutatsu.core.dsn import database_dsn
 from sokutatsu.core.embedded_pg import free_port
 
@@ -56,11 +56,11 @@ _RUN_FOLDERS = ("seq-a", "seq-b", "broker-a", "broker-b", "run", "logs", "client
 class DemoTopology:
     """The demo's processes: ``first`` (brokers, monitor, queue-db), then ``ordering`` (sequencers)."""
 
-    first: list[ServiceProcess]
-    ordering: list[ServiceProcess]
+    first: list[SuiteProcess]
+    ordering: list[SuiteProcess]
 
     @property
-    def transfer(self) -> ServiceProcess:
+    def transfer(self) -> SuiteProcess:
         return next(s for s in self.first if s.module == "sokutatsu.queuedb.transferd")
 
 
@@ -69,11 +69,11 @@ def demo_topology(auto_ports: bool) -> DemoTopology:
     if auto_ports:
         specs = {name: replace(s, fixed_port=free_port()) for name, s in specs.items()}
 
-    def sequencer(name: str) -> ServiceProcess:
+    def sequencer(name: str) -> SuiteProcess:
         spec = specs[name]
         return replace(spec, env={**spec.env, **SEQUENCER_SETTINGS})
 
-    def node(spec: ServiceProcess) -> ServiceProcess:
+    def node(spec: SuiteProcess) -> SuiteProcess:
         return replace(spec, database=NODE_DATABASES.get(spec.database or "", spec.database))
 
     first = [
@@ -127,9 +127,7 @@ class DemoSuite:
     def node_dsn(self, n: int) -> str:
         return database_dsn(self.suite.pg_dsn, NODE_DATABASES[f"sokutatsu_node{n}"])
 
-    async def start(
-        self, specs: list[ServiceProcess], stop: asyncio.Event, progress: Callable[[Running], None]
-    ) -> None:
+    async def start(self, specs: list[SuiteProcess], stop: asyncio.Event, progress: Callable[[Running], None]) -> None:
         await self.suite.start(specs, stop, progress)
 
     async def stop_early(self, names: set[str]) -> list[tuple[str, int]]:
