@@ -7,14 +7,16 @@
   (the longest-processing-time rule): the run ends soon after its longest test, not a long
   test started last. Modules stay whole (a module-scoped fixture is set up once).
 * **Shared costly fixtures on one worker.** Tests that share a fixture that is costly to make
-  (a JVM for Spark, a whole demo run, a virtualenv, a set of fuzz targets) get one
-  ``xdist_group``: the fixture is made once, by one worker, instead of once per worker.
+  (a JVM for Spark, a whole demo run, a virtualenv, a set of fuzz targets) are one unit of
+  work for the scheduler: the fixture is made once, by one worker, instead of once per worker.
 
 Nothing here changes what a test checks; ``pytest`` without ``-n`` runs the same tests in
 the same order, in one process.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -36,9 +38,24 @@ def _group(nodeid: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if (group := _group(item.nodeid)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     # Longest first, modules kept whole: a module's rank is whether it holds a slow test.
     slow_modules = {item.nodeid.partition("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.partition("::")[0] not in slow_modules)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups above. (pytest-xdist 3.8's own loadgroup marks a
+    group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so its groups are
+    silently lost: each test of a group could run on another worker.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]  # noqa: PLC0415 - only under xdist
+
+    class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """A group's tests are one unit of work (one worker); every other test is a unit alone."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid) or nodeid
+
+    return SharedFixtureScheduling(config, log)
