@@ -5,6 +5,7 @@ one topic only, age, expiry of an unattached subscription, limits above the brok
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import grpc
@@ -251,3 +252,43 @@ async def test_messages_on_disk_older_than_the_maximum_age_go_too(
             await asyncio.wait_for(_read(sub, 1, seqs, gaps), 30)
     assert seqs == [total + 1]
     assert [(g.first_missing, g.last_missing, g.over_age, g.over_bytes) for g in gaps] == [(1, total, total, 0)]
+
+
+async def test_a_gap_told_on_a_new_stream_counts_only_what_the_subscriber_lacks(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """Messages the subscriber received and never acknowledged (in flight when its stream ended)
+    are discarded by age with the rest. The next stream resumes after what it received: the gap
+    carried by the next message starts there and counts only the messages it did not get."""
+    broker = broker_factory(retention_max_age="0.5")
+    broker.start()
+    async with Subscriber(broker.address, "aging", "ticks", durable=True) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+    async with aio.insecure_channel(broker.address) as channel:
+        first = await open_subscribe(channel, "aging", "ticks", credits=10, durable=True)
+        pub, _ = await open_publish(channel, "src")
+        now = time.time_ns()
+        published = [message("src", i) for i in range(1, 31)]
+        for m in published:
+            m.publish_time_unix_nano = now
+        await publish(pub, batch("ticks", published))
+        assert await read_seqs(first, 10) == list(range(1, 11))
+        first.cancel()  # received 1..10, acknowledged nothing
+
+        async def aged_out() -> bool:
+            s = await subscriber_stats(broker.address, "aging")
+            return not s.connected and s.dropped_retention_age == 30 and s.depth == 0
+
+        await until(aged_out, "the 30 messages, the 10 received among them, to age out", limit=60)
+        again = await open_subscribe(channel, "aging", "ticks", credits=10, durable=True, position={"src": 10})
+        last = message("src", 31)
+        last.publish_time_unix_nano = time.time_ns()
+        await publish(pub, batch("ticks", [last]))
+        frame = await again.read()
+        assert isinstance(frame, broker_pb2.SubscribeResponse), frame
+        (delivered,) = frame.batch.messages
+        again.cancel()
+        pub.cancel()
+    gap = delivered.retention_gap
+    assert (delivered.publisher_seq, delivered.previous_seq) == (31, 30)
+    assert (gap.first_seq, gap.last_seq, gap.over_age, gap.over_bytes) == (11, 30, 20, 0)

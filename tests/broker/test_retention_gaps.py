@@ -52,6 +52,51 @@ def test_ranges_cover_exactly_the_discarded_messages(discarded: list[bool]) -> N
     ]
 
 
+def _told(gaps: RetentionGaps, prev: int, received: int) -> tuple[int, int, int, int]:
+    told = broker_pb2.Message.FromString(b"\x08\x01" + gaps.element_tail("p", prev, received)).retention_gap
+    return told.first_seq, told.last_seq, told.over_bytes, told.over_age
+
+
+def _peer(first: int, last: int, over_bytes: int) -> list[broker_pb2.PublisherRetentionGap]:
+    gap = broker_pb2.RetentionGap(first_seq=first, last_seq=last, over_bytes=over_bytes)
+    return [broker_pb2.PublisherRetentionGap(publisher_id="p", gap=gap)]
+
+
+def test_a_copys_own_discards_and_its_peers_are_one_range_counted_once() -> None:
+    """A shadow copy holding the subscriber's unacknowledged window (1..10, delivered by the peer)
+    discards the oldest on its disk while the peer's ranges (from 11: the peer had sent 1..10)
+    arrive (the sequence a pair test logged): one range, each message counted once, told from
+    after what the moved subscriber received. It was two overlapping ranges, the later one told
+    alone (a gap without a reason before it) or a count over messages the subscriber had."""
+    gaps = RetentionGaps()
+    for seq in range(1, 249):
+        gaps.note("p", seq, seq - 1, BYTES)
+    gaps.merge(_peer(11, 310, 300), {})
+    for seq in range(301, 373):  # read back from disk after the merge: mostly covered already
+        gaps.note("p", seq, seq - 1, BYTES)
+    gaps.merge(_peer(11, 868, 858), {})
+    for seq in range(751, 882):
+        gaps.note("p", seq, seq - 1, BYTES)
+    assert [(g.first_seq, g.last_seq, g.over_bytes, g.over_age) for g in gaps.gaps["p"]] == [(1, 881, 881, 0)]
+    assert _told(gaps, 881, 10) == (11, 881, 871, 0)
+    assert _told(gaps, 881, 0) == (1, 881, 881, 0)
+
+
+def test_a_gap_counts_only_what_the_stream_lacks() -> None:
+    """Told to a stream that received up to a number inside the range: from the next number, and
+    only those after it; a range with numbers never discarded between (a filtered subscription)
+    cannot be split and is told whole."""
+    gaps = RetentionGaps()
+    for seq in range(1, 21):
+        gaps.note("p", seq, seq - 1, AGE)
+    assert _told(gaps, 20, 10) == (11, 20, 0, 10)
+    assert _told(gaps, 20, 20) == (1, 20, 0, 20)  # nothing after it: the subscriber drops it
+    sparse = RetentionGaps()
+    for seq, prev in ((2, 0), (4, 2), (6, 4)):
+        sparse.note("p", seq, prev, BYTES)
+    assert _told(sparse, 6, 3) == (2, 6, 3, 0)
+
+
 def _record(seq: int, published_ns: int) -> bytes:
     return broker_pb2.Message(
         publisher_id="p", publisher_seq=seq, publish_time_unix_nano=published_ns

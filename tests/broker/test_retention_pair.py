@@ -128,3 +128,47 @@ async def test_a_subscription_created_again_on_one_broker_after_it_expired_is_he
         return await _listed(other.address) == ["idle"]
 
     await until(on_the_other, "the other broker to take the subscription from the list", limit=30)
+
+
+async def test_a_subscriber_moved_to_a_copy_that_discarded_what_it_already_has_is_told_only_what_it_lost(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The soak's stalled subscriber: it takes its first window from the active and processes none
+    of it (nothing acknowledged), so the standby's shadow copy keeps those messages too, and its
+    retention discards them with the oldest. Moved to the standby, the subscriber resumes after
+    what it received; the gap it is told of counts only the messages it did not get."""
+    limit, total, window = 256 * 1024, 1000, 10
+    pair = await pair_factory(queue_budget="32KiB", retention_max_bytes=str(limit))
+    async with Subscriber(
+        pair.addresses, "stalled", TOPIC, durable=True, mode="migrate", flow_limit=window, on_gap="report"
+    ) as sub:
+        await asyncio.wait_for(sub.connected.wait(), 10)
+        assert sub.broker_id == "broker-a"
+        async with Publisher(pair.addresses, "src", ack_timeout=60) as pub:
+            for i in range(1, total + 1):
+                pub.publish_nowait(TOPIC, "K", f"{i:08d}".encode() + b"x" * 1000)
+                if i % 50 == 0:
+                    await pub.flush()
+            await pub.flush()
+
+        async def discarded_its_window() -> bool:
+            shadow = await subscriber_stats(pair.standby.address, "stalled")
+            return shadow.dropped_retention_bytes > window
+
+        await until(discarded_its_window, "the standby's copy to discard the oldest, the window among them")
+        assert sub.position == {}  # nothing processed: the window is only in the SDK's buffer
+        await switch(pair.active, pair.standby, "broker-b", "stalled")
+        seqs: list[int] = []
+        async for message in sub:
+            seqs.append(message.publisher_seq)
+            if message.publisher_seq == total:
+                break
+        assert sub.broker_id == "broker-b"
+        gaps = [(g.first_missing, g.last_missing, g.reason, g.dropped) for g in sub.gaps]
+    assert seqs[:window] == list(range(1, window + 1))
+    assert seqs == sorted(set(seqs))
+    lost = total - len(seqs)
+    assert lost > 0
+    # Told of every message it lost, and of none it got: each range counts exactly its messages.
+    assert sum(g[3] for g in gaps) == lost, gaps
+    assert all(g[2] == "retention bytes" and g[3] == g[1] - g[0] + 1 for g in gaps), gaps

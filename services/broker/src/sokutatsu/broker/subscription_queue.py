@@ -634,9 +634,15 @@ class SubscriptionQueue:
             delivered[item.publisher_id] = item.seq
         gaps = self.kept
         if gaps.gaps:
+            # A gap is told from after what this stream's subscriber received (its open position).
+            received = self._skip
             return batch_response(
                 [
-                    delivery_element(item.payload, item.prev, gaps.element_tail(item.publisher_id, item.prev))
+                    delivery_element(
+                        item.payload,
+                        item.prev,
+                        gaps.element_tail(item.publisher_id, item.prev, received.get(item.publisher_id, 0)),
+                    )
                     for item in items
                 ]
             )
