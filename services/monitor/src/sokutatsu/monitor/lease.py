@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import BrokerView
-from sokutatsu.monitor.broker_link import BrokerLink, rpc_error_text
+from sokutatsu.monitor.broker_link import rpc_error_text
 from sokutatsu.monitor.host import KeeperHost
 
 log = logging.getLogger(__name__)
@@ -78,26 +78,43 @@ class LeaseKeeper:
             lease = self.leases[view.broker_id]
             if not view.reachable or view.role != ACTIVE or lease.calling:
                 continue
-            grant = 0
-            if (
-                active is not None
-                and view.broker_id == active.broker_id
-                and lease.token
-                and lease.token_role == ACTIVE
-                and all(now >= self.over_at(other) for other in self.leases if other != view.broker_id)
-            ):
-                grant = lease.token
-                # Recorded before the grant goes out: the broker's end is never later than this.
-                lease.until = max(lease.until, lease.token_at + self.lease)
             lease.calling = True
-            link = self.monitor.links[view.broker_id]
             try:
-                self.monitor.spawn(self._renew(link, lease, grant), f"lease-{view.broker_id}")
+                self.monitor.spawn(
+                    self._renew(view.broker_id, active is not None and view.broker_id == active.broker_id),
+                    f"lease-{view.broker_id}",
+                )
             except BaseException:
                 lease.calling = False
                 raise
 
-    async def _renew(self, link: BrokerLink, lease: Lease, grant: int) -> None:
+    def _grant(self, broker_id: str, now: float) -> int:
+        """The token to grant ``broker_id`` now (0: none), its lease's end recorded first."""
+        lease = self.leases[broker_id]
+        if not lease.token or lease.token_role != ACTIVE:
+            return 0
+        if any(now < self.over_at(other) for other in self.leases if other != broker_id):
+            return 0
+        # Recorded before the grant goes out: the broker's end is never later than this.
+        lease.until = max(lease.until, lease.token_at + self.lease)
+        return lease.token
+
+    async def promoted(self, broker_id: str) -> None:
+        """Right after ``SetRole(ACTIVE)``: a token and its grant at once, not a round apart (a promoted
+        broker that does not hear its peer acknowledges alone only under the lease)."""
+        lease = self.leases[broker_id]
+        if lease.calling:
+            return
+        lease.calling = True
+        await self._renew(broker_id, False)
+        if not lease.calling:
+            lease.calling = True
+            await self._renew(broker_id, True)
+
+    async def _renew(self, broker_id: str, may_grant: bool) -> None:
+        lease = self.leases[broker_id]
+        link = self.monitor.links[broker_id]
+        grant = self._grant(broker_id, time.monotonic()) if may_grant else 0
         try:
             reply = await link.renew_lease(grant, lease.token_epoch, round(self.lease * 1000))
         except Exception as exc:  # noqa: BLE001 - the next round tries again

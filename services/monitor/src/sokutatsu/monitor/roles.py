@@ -208,6 +208,8 @@ class RoleKeeper:
                 if change.role == broker_pb2.BROKER_ROLE_ACTIVE:
                     self.no_active_since = None
                     self.last_active = change.broker_id
+                    if self.leases is not None:
+                        await self.leases.promoted(change.broker_id)
             finally:
                 self.busy = False
                 if record is not None:
