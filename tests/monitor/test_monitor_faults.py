@@ -258,11 +258,12 @@ async def test_an_active_cut_off_from_its_peer_and_the_monitor_never_acknowledge
     not hearing its peer, acknowledged publishes alone: both answered ACTIVE, and what broker-a
     acknowledged alone was never on broker-b, which serves the subscriber from then on.
 
-    Schedule: a publisher reaches broker-a directly and broker-b through a proxy; a durable
-    subscriber reads 1..200 and disconnects; the monitor's path to broker-a is held, then the
-    pair's link and the publisher's path to broker-b are cut; 201..300 are published; the test
-    watches both brokers' roles until the monitor has promoted broker-b and a while after; the
-    publisher stops, everything heals, and the subscriber reads from the active what is there.
+    Schedule: a publisher reaches broker-a directly and broker-b through a proxy; once broker-a
+    holds the monitor's lease, a durable subscriber reads 1..200 and disconnects; the monitor's
+    path to broker-a is held, then the pair's link and the publisher's path to broker-b are cut;
+    201..300 are published; the test watches both brokers' roles until the monitor has promoted
+    broker-b and a while after; the publisher stops, everything heals, and the subscriber reads
+    from the active what is there.
     Before the fix both answered ACTIVE and 201..300, acknowledged by broker-a alone, never reached
     the subscriber. Now broker-a acknowledges alone only under the monitor's lease, taken while it
     already did not hear its peer (it never got one: the monitor could not hear it), steps down once
