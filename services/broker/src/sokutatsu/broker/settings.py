@@ -176,7 +176,8 @@ class BrokerSettings(ServiceSettings):
         "PEER_TIMEOUT_MS",
         1000.0,
         "The peer counts as down when no watermark frame arrived for this long: publishes are then "
-        "acknowledged by this broker alone (single_copy), and subscribers of the peer are served here.",
+        "acknowledged by this broker alone (single_copy; with MONITORED, by an active only under the monitor's "
+        "lease), and subscribers of the peer are served here.",
         parse_timeout_millis,
     )
     monitored: bool = setting(
