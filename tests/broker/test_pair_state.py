@@ -211,15 +211,14 @@ class MonitoredPairRoles(PairRoles):
     @invariant()
     def it_acknowledges_alone_only_within_a_lease_the_monitor_granted(self) -> None:
         alone, why = self.state.acks_alone()
-        if self.state.role == ACTIVE and not self.state.peer_up:
-            assert alone == (self.now < self.state.alone_until)
-            if alone:
-                assert self.now < self.monitor_until
-            else:
-                assert why.startswith("UNAVAILABLE: ")
+        if self.state.peer_up:
+            assert (alone, why) == (False, "")
+            return
+        assert alone == (self.state.role == ACTIVE and self.now < self.state.alone_until)
+        if alone:
+            assert self.now < self.monitor_until
         else:
-            assert alone == (not self.state.peer_up)
-            assert not why
+            assert why.startswith("UNAVAILABLE: ")
 
 
 TestMonitoredPairRoles = MonitoredPairRoles.TestCase

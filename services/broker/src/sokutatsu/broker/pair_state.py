@@ -20,7 +20,7 @@ below are enforced here and nowhere else.
    while active never answers ``ACTIVE`` at an old epoch beside its promoted peer.
 3. **Never acknowledge alone while the peer is heard.** A publish acknowledgement says
    ``single_copy`` only while no frame came from the peer for ``PEER_TIMEOUT_MS``
-   (:attr:`PairState.peer_up`); in a monitored pair an active says it only under
+   (:attr:`PairState.peer_up`); in a monitored pair only an active says it, under
    invariant 6 (:meth:`PairState.acks_alone`, asked just before each acknowledgement goes out).
 4. **Take a subscriber over only with the peer's holdings.** Each time a broker starts
    hearing its peer (again), it opens a new *session* and sends the peer, in its next
@@ -58,8 +58,11 @@ below are enforced here and nowhere else.
    beside the standby the monitor promotes. A grant applies only while the broker is active at
    the epoch the monitor names; a role change ends the lease. An active that never held one this
    term (configured active at start) does not step down: it acknowledges nothing alone, and the
-   monitor grants it a lease once it reaches it. A monitored standby never promotes itself (only
-   the monitor does). **Without a monitor** (the setting off, the default for a bare
+   monitor grants it a lease once it reaches it. A monitored standby neither acknowledges alone
+   (a standby that did, while the active ran on but a publisher could not reach it, left the
+   active serving subscribers without what it acknowledged: the SDK reported gaps; chaos seed
+   508077) nor promotes itself: only the monitor promotes, and only the lease holder counts
+   alone. **Without a monitor** (the setting off, the default for a bare
    pair) none of this applies: an active or standby that does not hear its peer acknowledges
    alone and a standby a subscriber comes to promotes itself, as before; a pair cut in two then
    may have two actives, each acknowledging alone (docs/broker.md, The monitor's lease).
@@ -289,9 +292,12 @@ class PairState:
         """For an acknowledgement sent now: ``single_copy``, and why not although the peer is not heard."""
         if self.peer_up:
             return False, ""
-        if not self.monitored or self.role != ACTIVE or self.clock() < self.alone_until:
+        now = self.clock()
+        if not self.monitored or (self.role == ACTIVE and now < self.alone_until):
             return True, ""
-        if self.clock() < self.lease_until:
+        if self.role != ACTIVE:
+            why = "it is standby: in a monitored pair only the active holding the monitor's lease acknowledges alone"
+        elif now < self.lease_until:
             why = "the monitor has not yet renewed its lease since it stopped hearing its peer"
         elif self.lease_until:
             why = "its lease from the monitor lapsed"
@@ -300,7 +306,7 @@ class PairState:
         return False, (
             f"UNAVAILABLE: {self.instance} does not hear its peer {self.peer or '(unknown)'} and {why}: it holds "
             "these messages but may not acknowledge them alone (SOKUTATSU_BROKER_MONITORED); they count once the "
-            "other broker holds them too, or the monitor renews the lease or promotes the other broker"
+            "other broker holds them too, or once the monitor renews the lease or promotes a broker"
         )
 
     def check_lease(self) -> bool:

@@ -641,8 +641,8 @@ class PublishAck(_message.Message):
     single_copy: _builtins.bool
     """True when only this broker holds the messages because its peer is down:
     the publisher may count this acknowledgement alone. In a monitored pair
-    (SOKUTATSU_BROKER_MONITORED) an active says so only under the monitor's
-    lease, a standby as without a monitor (docs/broker.md, The monitor's lease).
+    (SOKUTATSU_BROKER_MONITORED) only an active says so, under the monitor's
+    lease (docs/broker.md, The monitor's lease).
     """
     duplicates: _builtins.int
     """Duplicates dropped in the acknowledged range."""
@@ -650,7 +650,8 @@ class PublishAck(_message.Message):
     """Non-persistent messages dropped because a limit was reached."""
     single_copy_refused: _builtins.str
     """Set when this broker does not hear its peer but must not be counted alone
-    (an active without the monitor's lease): "UNAVAILABLE: " and why. The
+    (in a monitored pair: a standby, or an active without the monitor's
+    lease): "UNAVAILABLE: " and why. The
     messages are held here; the publisher counts them acknowledged once the
     other broker holds them too (or this one holds the lease again).
     """
