@@ -187,7 +187,8 @@ class BrokerSettings(ServiceSettings):
         "An active then acknowledges publishes alone (its peer not heard) only under the monitor's lease, "
         "steps down when it hears neither its peer nor the monitor for a lease, and a standby neither "
         "acknowledges alone nor promotes itself. false (a pair without a monitor): a broker that does not "
-        "hear its peer acknowledges alone and a standby a subscriber comes to promotes itself; a pair cut in two may then have two actives "
+        "hear its peer acknowledges alone and a standby a subscriber comes to promotes itself; a pair cut "
+        "in two may then have two actives "
         "(docs/broker.md, The monitor's lease).",
         parse_bool,
     )
