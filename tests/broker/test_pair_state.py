@@ -208,6 +208,17 @@ class MonitoredPairRoles(PairRoles):
             assert not self.state.peer_up
             assert self.state.role == STANDBY
 
+    @rule(epoch=EPOCHS)
+    def frame_from_a_standby_peer(self, epoch: int) -> None:
+        """After a step-down of its own, a standby peer at no newer epoch lets it be active again."""
+        was = (self.state.role, self.state.epoch, self.state.stepped_down_alone)
+        if self.state.resume(STANDBY, epoch):
+            assert was[0] == STANDBY
+            assert was[2]
+            assert epoch <= was[1]
+            assert (self.state.role, self.state.epoch) == (ACTIVE, was[1])
+            assert self.state.lease_until == self.state.alone_until == 0.0
+
     @invariant()
     def it_acknowledges_alone_only_within_a_lease_the_monitor_granted(self) -> None:
         alone, why = self.state.acks_alone()
