@@ -155,6 +155,86 @@ class PairRoles(RuleBasedStateMachine):
 TestPairRoles = PairRoles.TestCase
 TestPairRoles.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 
+LEASE = 1.0
+
+
+class MonitoredPairRoles(PairRoles):
+    """The same machine in a monitored pair (invariant 6), with the monitor's side of the lease
+    modelled: a token's answer reaches the monitor some time after the broker made it; the
+    monitor grants a token it received, recording the lease's end from its receipt first."""
+
+    def __init__(self) -> None:
+        # token -> (when the monitor received it, the epoch the broker answered with)
+        self.received: dict[int, tuple[float, int]] = {}
+        # The monitor's end of every lease it granted (nothing before the first grant).
+        self.monitor_until = 0.0
+        super().__init__()
+
+    def _load(self) -> PairState:
+        state = PairState.load(
+            instance="broker-a",
+            role=self.configured_role,
+            peer="127.0.0.1:7202",
+            peer_link="",
+            peer_timeout=PEER_TIMEOUT,
+            state_dir=self.folder,
+            monitored=True,
+            clock=lambda: self.now,
+        )
+        self.received = {}
+        return state
+
+    @rule(delay=st.sampled_from([0.0, 0.05, 0.4, 1.5]))
+    def monitor_takes_a_token(self, delay: float) -> None:
+        token, _ = self.state.take_token()
+        self.now += delay  # the answer travels
+        self.received[token] = (self.now, self.state.epoch)
+
+    @precondition(lambda self: bool(self.received))
+    @rule(pick=st.integers(0, 10), other_epoch=st.booleans(), delay=st.sampled_from([0.0, 0.3, 2.0]))
+    def monitor_grants(self, pick: int, other_epoch: bool, delay: float) -> None:
+        token = sorted(self.received)[pick % len(self.received)]
+        at, epoch = self.received[token]
+        self.monitor_until = max(self.monitor_until, at + LEASE)  # recorded before it goes out
+        self.now += delay  # the grant travels (or is held, and arrives late)
+        self.state.grant(token, epoch + 1 if other_epoch else epoch, LEASE)
+
+    @rule()
+    def broker_checks_its_lease(self) -> None:
+        was = self.state.role
+        stepped = self.state.check_lease()
+        if stepped:
+            assert was == ACTIVE
+            assert not self.state.peer_up
+            assert self.state.role == STANDBY
+
+    @rule(epoch=EPOCHS)
+    def frame_from_a_standby_peer(self, epoch: int) -> None:
+        """After a step-down of its own, a standby peer at no newer epoch lets it be active again."""
+        was = (self.state.role, self.state.epoch, self.state.stepped_down_alone)
+        if self.state.resume(STANDBY, epoch):
+            assert was[0] == STANDBY
+            assert was[2]
+            assert epoch <= was[1]
+            assert (self.state.role, self.state.epoch) == (ACTIVE, was[1])
+            assert self.state.lease_until == self.state.alone_until == 0.0
+
+    @invariant()
+    def it_acknowledges_alone_only_within_a_lease_the_monitor_granted(self) -> None:
+        alone, why = self.state.acks_alone()
+        if self.state.peer_up:
+            assert (alone, why) == (False, "")
+            return
+        assert alone == (self.state.role == ACTIVE and self.now < self.state.alone_until)
+        if alone:
+            assert self.now < self.monitor_until
+        else:
+            assert why.startswith("UNAVAILABLE: ")
+
+
+TestMonitoredPairRoles = MonitoredPairRoles.TestCase
+TestMonitoredPairRoles.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
 
 def test_a_first_start_takes_the_configured_role(tmp_path: Path) -> None:
     state = PairState.load(

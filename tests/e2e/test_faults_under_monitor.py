@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 async def test_with_the_monitor_down_the_brokers_keep_delivering_as_assigned_and_a_new_monitor_carries_on(
     pair_factory: Callable[..., Awaitable[Pair]], monitor_factory: Callable[..., MonitorProcess]
 ) -> None:
-    pair = await pair_factory()
+    pair = await pair_factory(monitored="true")
     settings = {"migrate_back_seconds": "1", "min_move_seconds": "2", "slow_threshold_min": "1500"}
     monitor = monitor_factory((pair.active, pair.standby), **settings)
     monitor.start()
@@ -74,7 +74,7 @@ async def test_a_broker_dying_during_a_switchover_leaves_the_subscriber_on_the_s
     pair_factory: Callable[..., Awaitable[Pair]], monitor_factory: Callable[..., MonitorProcess], victim: str
 ) -> None:
     """The victim is frozen (SIGSTOP) just before the request, so a step hangs on it, then killed."""
-    pair = await pair_factory()
+    pair = await pair_factory(monitored="true")
     monitor = monitor_factory((pair.active, pair.standby), auto_switch="false")
     monitor.start()
     await monitor.until(lambda s: sum(b.serving for b in s.brokers) == 2, "both brokers")

@@ -32,7 +32,7 @@ def _moves(status: monitor_pb2.MonitorStatus, subscriber_id: str) -> list[monito
 async def test_the_slow_subscriber_is_moved_to_the_standby_and_back_without_flapping(
     pair_factory: Callable[..., Awaitable[Pair]], monitor_factory: Callable[..., MonitorProcess]
 ) -> None:
-    pair = await pair_factory()
+    pair = await pair_factory(monitored="true")
     monitor = monitor_factory(
         (pair.active, pair.standby),
         migrate_back_seconds="1",
@@ -76,7 +76,7 @@ async def test_the_slow_subscriber_is_moved_to_the_standby_and_back_without_flap
 async def test_kill9_of_the_active_under_the_monitor_loses_nothing(
     pair_factory: Callable[..., Awaitable[Pair]], monitor_factory: Callable[..., MonitorProcess]
 ) -> None:
-    pair = await pair_factory()
+    pair = await pair_factory(monitored="true")
     monitor = monitor_factory((pair.active, pair.standby))
     monitor.start()
     total = 12_000
@@ -106,7 +106,7 @@ async def test_a_publisher_of_another_topic_does_not_hold_a_switchover(
 ) -> None:
     """A queue made after another topic's publisher published must not take a floor for it: the
     subscriber never acknowledges that publisher, and step 2 would wait for it forever."""
-    pair = await pair_factory()
+    pair = await pair_factory(monitored="true")
     monitor = monitor_factory((pair.active, pair.standby), auto_switch="false")
     monitor.start()
     async with Publisher(pair.addresses, "other-feed", ack_timeout=60) as other:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -20,10 +21,12 @@ import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.cli.chaos_proxy import LinkProxy
+from sokutatsu.client import Publisher, Subscriber
 from sokutatsu.core.tls import open_channel
 from sokutatsu.monitor.pair import MAX_EPOCH
 from sokutatsu.monitor.v1 import monitor_pb2
-from tests.broker.fix_broker import BrokerProcess
+from tests.broker.fix_broker import BrokerProcess, until
 from tests.monitor.fix_monitor import UNTIL_LIMIT_SECONDS, MonitorProcess
 from tests.monitor.tcp_proxy import TcpProxy
 
@@ -209,3 +212,152 @@ async def test_a_flooded_active_the_monitor_cannot_hear_is_not_failed_over(
     assert monitor.process is not None
     assert monitor.process.poll() is None
     assert "Traceback" not in monitor.log()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _roles(addresses: dict[str, str]) -> dict[str, int]:
+    """Each broker's answer to GetRole (0 when it does not answer within a second)."""
+    out: dict[str, int] = {}
+    for broker_id, address in addresses.items():
+        try:
+            async with open_channel(address, cluster=True) as channel:
+                info = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(broker_pb2.GetRoleRequest(), timeout=1)
+            out[broker_id] = info.role
+        except aio.AioRpcError:
+            out[broker_id] = 0
+    return out
+
+
+async def _both_active_until_promoted(addresses: dict[str, str], monitor: MonitorProcess) -> int:
+    """Poll both brokers' roles until the monitor promoted broker-b, and 2 s more; return how many
+    polls found both ACTIVE."""
+    both_active = 0
+    promoted_at = 0.0
+    give_up = time.monotonic() + UNTIL_LIMIT_SECONDS
+    while not promoted_at or time.monotonic() - promoted_at < 2.0:
+        assert time.monotonic() < give_up, f"the monitor did not promote broker-b:\n{monitor.log()}"
+        roles = await _roles(addresses)
+        if roles["broker-b"] == ACTIVE and not promoted_at:
+            promoted_at = time.monotonic()
+        both_active += roles == {"broker-a": ACTIVE, "broker-b": ACTIVE}
+        await asyncio.sleep(0.02)
+    return both_active
+
+
+async def test_an_active_cut_off_from_its_peer_and_the_monitor_never_acknowledges_beside_the_promoted_standby(
+    broker_factory: Callable[..., BrokerProcess], monitor_factory: Callable[..., MonitorProcess]
+) -> None:
+    """Found by `sokutatsu chaos` (seed 508077, docs/chaos.md): broker-a active, the pair's link cut
+    both ways, and the monitor unable to reach broker-a (there a CPU flood; here a proxy that holds
+    its traffic) while broker-a runs on. The monitor promoted broker-b; broker-a kept its role and,
+    not hearing its peer, acknowledged publishes alone: both answered ACTIVE, and what broker-a
+    acknowledged alone was never on broker-b, which serves the subscriber from then on.
+
+    Schedule: a publisher reaches broker-a directly and broker-b through a proxy; once broker-a
+    holds the monitor's lease, a durable subscriber reads 1..200 and disconnects; the monitor's
+    path to broker-a is held, then the pair's link and the publisher's path to broker-b are cut;
+    201..300 are published; the test watches both brokers' roles until the monitor has promoted
+    broker-b and a while after; the publisher stops, everything heals, and the subscriber reads
+    from the active what is there.
+    Before the fix both answered ACTIVE and 201..300, acknowledged by broker-a alone, never reached
+    the subscriber. Now broker-a acknowledges alone only under the monitor's lease, taken while it
+    already did not hear its peer (it never got one: the monitor could not hear it), steps down once
+    its lease lapsed, and the monitor promotes broker-b only after that lease lapsed on its clock.
+    """
+    a_port, b_port = _free_port(), _free_port()
+    a_address, b_address = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
+    to_a, to_b, publisher_to_b = LinkProxy(a_address), LinkProxy(b_address), LinkProxy(b_address)
+    for proxy in (to_a, to_b, publisher_to_b):
+        await proxy.start()
+    common = {"peer_timeout_ms": "500", "monitored": "true"}
+    a = broker_factory(instance="broker-a", role="active", listen=a_address, peer_link=to_b.address, **common)
+    a.start()
+    b = broker_factory(
+        instance="broker-b", role="standby", listen=b_address, peer=a_address, peer_link=to_a.address, **common
+    )
+    b.start()
+    monitor_path = TcpProxy(a_address)
+    await monitor_path.start()
+    monitor = monitor_factory(brokers=f"broker-a={monitor_path.address},broker-b={b_address}")
+    monitor.start()
+    addresses = {"broker-a": a_address, "broker-b": b_address}
+    subscription = {"topic": "prices", "durable": True, "mode": "migrate"}
+    try:
+        await monitor.until(_pair_seen, "the pair")
+
+        async def caught_up() -> bool:
+            both = [await _broker_stats(a_address), await _broker_stats(b_address)]
+            return all(s.peer_up and s.caught_up for s in both)
+
+        await until(caught_up, "the brokers to hear each other")
+
+        async def leased() -> bool:
+            async with open_channel(a_address, cluster=True) as channel:
+                reply = await broker_pb2_grpc.BrokerControlStub(channel).RenewLease(
+                    broker_pb2.RenewLeaseRequest(), timeout=10
+                )
+            return reply.remaining_ms > 0
+
+        await until(leased, "broker-a to hold the monitor's lease")
+        desk = Subscriber([a_address, b_address], "desk", **subscription)  # type: ignore[arg-type]
+        await desk.start()
+        got: list[tuple[str, int]] = []
+        # Closed without waiting for what is not acknowledged: only what was acknowledged must arrive.
+        pub = Publisher([a_address, publisher_to_b.address], "feed", ack_timeout=120)
+        await pub.start()
+        try:
+            for i in range(1, 201):
+                pub.publish_nowait("prices", f"K{i % 20:02d}", f"feed:{i}".encode())
+            await pub.flush()
+            async for message in desk:
+                got.append((message.publisher_id, message.publisher_seq))
+                if len(got) == 200:
+                    break
+            await desk.close()
+
+            monitor_path.hold()
+            for proxy in (to_a, to_b, publisher_to_b):
+                proxy.cut()
+            for i in range(201, 301):
+                pub.publish_nowait("prices", f"K{i % 20:02d}", f"feed:{i}".encode())
+            both_active = await _both_active_until_promoted(addresses, monitor)
+            acknowledged = pub.acked_seq
+        finally:
+            await pub.close()
+        for proxy in (to_a, to_b, publisher_to_b):
+            proxy.heal()
+        monitor_path.release()
+
+        async def settled() -> bool:
+            roles = await _roles(addresses)
+            both = [await _broker_stats(a_address), await _broker_stats(b_address)]
+            return roles == {"broker-a": STANDBY, "broker-b": ACTIVE} and all(s.peer_up for s in both)
+
+        await until(settled, "broker-b active, broker-a standby, hearing each other")
+        # A marker published after the heal: once the subscriber has it, it has everything before.
+        async with Publisher([a_address, b_address], "marker") as marker:
+            await marker.publish("prices", "END", b"marker:1")
+        desk = Subscriber([a_address, b_address], "desk", **subscription)  # type: ignore[arg-type]
+        await desk.start()
+        async for message in desk:
+            if message.publisher_id == "marker":
+                break
+            got.append((message.publisher_id, message.publisher_seq))
+        gaps = list(desk.gaps)
+        await desk.close()
+    finally:
+        monitor_path.release()
+        await monitor_path.close()
+        for proxy in (to_a, to_b, publisher_to_b):
+            await proxy.stop()
+    delivered = {seq for publisher, seq in got if publisher == "feed"}
+    lost = sorted(set(range(1, acknowledged + 1)) - delivered)
+    assert not lost, f"{len(lost)} acknowledged messages never delivered ({lost[0]}..{lost[-1]}); gaps {gaps}"
+    assert not gaps
+    assert both_active == 0, f"both brokers answered ACTIVE in {both_active} polls"
+    assert "its lease from the monitor lapsed" in a.log()

@@ -83,7 +83,8 @@ def suite(*, auto_ports: bool = False) -> list[SuiteProcess]:
             7201,
             "broker (active)",
             broker,
-            env={"SOKUTATSU_BROKER_ROLE": "active"},
+            # The monitor decides failovers: an active acknowledges alone only under its lease.
+            env={"SOKUTATSU_BROKER_ROLE": "active", "SOKUTATSU_BROKER_MONITORED": "true"},
             keeps_state=True,
         ),
         SuiteProcess(
@@ -93,7 +94,7 @@ def suite(*, auto_ports: bool = False) -> list[SuiteProcess]:
             7202,
             "broker (standby)",
             broker,
-            env={"SOKUTATSU_BROKER_ROLE": "standby"},
+            env={"SOKUTATSU_BROKER_ROLE": "standby", "SOKUTATSU_BROKER_MONITORED": "true"},
             keeps_state=True,
             # broker-a learns broker-b's address from broker-b's first watermark frame.
             links={"SOKUTATSU_BROKER_PEER": "{broker-a}"},

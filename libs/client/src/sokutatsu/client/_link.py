@@ -278,6 +278,10 @@ class BrokerLink:
                     if not other.connected:
                         other.reconnect_now.set()
             self.single_copy = ack.single_copy
+            if ack.single_copy_refused:
+                # It does not hear its peer but may not be counted alone (a monitored active without
+                # the monitor's lease): said if the wait for the other broker's copy times out.
+                self.accumulator.last_refusal = f"{self.address}: {ack.single_copy_refused}"
             if ack.rejected and ack.rejected[0].first_seq > self.acked_through:
                 rejection = ack.rejected[0]
                 counters.refused += rejection.last_seq - rejection.first_seq + 1

@@ -88,6 +88,7 @@ RULES: Mapping[str, Rule] = {
         "RedirectSubscriber",
         "ReleaseSubscriber",
         "ReplicateWatermarks",
+        "RenewLease",
     ),
     # Monitor: a subscriber looks up and watches its own assignment; moving one is admin's.
     f"/{_MONITOR}/GetStatus": Rule(ADMIN),

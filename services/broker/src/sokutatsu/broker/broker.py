@@ -106,6 +106,7 @@ class Broker:
             peer_link=settings.peer_link,
             peer_timeout=settings.peer_timeout_ms / 1000,
             state_dir=settings.state_dir,
+            monitored=settings.monitored,
         )
         # Publishers with a publish stream open here, and how many (normally one each): this broker
         # gets everything they send, and any hole before was recorded when the stream opened.
@@ -431,6 +432,12 @@ class Broker:
                 raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why + "; the pair's link is down"))
             if self.peer_up:  # the probe awaited: the peer's frames came back meanwhile
                 raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
+            if self.pair.monitored and self.role == STANDBY:
+                # Only the monitor promotes a monitored broker (pair_state.py, invariant 6).
+                raise Unavailable(
+                    f"{self.settings.instance} is standby and does not hear its peer {self.peer}; the monitor decides "
+                    "whether to promote it (SOKUTATSU_BROKER_MONITORED): retry"
+                )
             if self.role == STANDBY:  # the probe awaited: a frame or the monitor may have decided meanwhile
                 self.pair.promote_alone(f"{spec.subscriber_id} came while the peer is not heard from")
                 self._roles_changed()
@@ -564,12 +571,17 @@ class Broker:
         topic.took(publisher_id, state.last_seq)
         self.duplicates_total += duplicates
         self.dropped_total += dropped
-        ack = broker_pb2.PublishAck(
-            acked_through_seq=state.last_seq, duplicates=duplicates, dropped=dropped, single_copy=not self.peer_up
-        )
+        # single_copy is set as it goes out (mark_alone).
+        ack = broker_pb2.PublishAck(acked_through_seq=state.last_seq, duplicates=duplicates, dropped=dropped)
         if rejection is not None:
             ack.rejected.append(rejection)
         return ack, [queue.written(queue.spill_appended) for queue in spilled]
+
+    async def mark_alone(self, ack: broker_pb2.PublishAck) -> None:
+        """Set ``single_copy`` (and why not) on an acknowledgement about to go out (pair_state.py,
+        invariants 3 and 6), after the checks before acting as active (:meth:`confirm_role`)."""
+        await self.confirm_role()
+        ack.single_copy, ack.single_copy_refused = self.pair.acks_alone()
 
     def publish_stream_opened(self, publisher_id: str) -> None:
         self.publisher_streams += 1
@@ -644,8 +656,11 @@ class Broker:
 
     async def confirm_role(self) -> None:
         """Before acting as active: if this broker did not run for a peer timeout, ask the peer
-        and step down when it was promoted meanwhile (pair_state.py, invariant 5). Concurrent
-        callers wait for the same question."""
+        and step down when it was promoted meanwhile (pair_state.py, invariant 5); a monitored
+        active that hears neither its peer nor holds the monitor's lease steps down (invariant 6).
+        Concurrent callers wait for the same question."""
+        if self.pair.check_lease():
+            self._roles_changed()
         if not self.pair.tick():
             return
         if self._doubt is None:
@@ -850,7 +865,9 @@ class Broker:
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self._apply_holdings(frame.holdings)
-        if self.pair.step_down_for(frame.broker_id, frame.role, frame.epoch):
+        if self.pair.step_down_for(frame.broker_id, frame.role, frame.epoch) or self.pair.resume(
+            frame.role, frame.epoch
+        ):
             self._roles_changed()
         for mark in frame.subscribers:
             topic = self.topics.get(mark.topic)

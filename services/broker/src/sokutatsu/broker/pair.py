@@ -76,15 +76,20 @@ def install_probe(broker: Broker) -> None:
 
 
 async def watch_peer(broker: Broker) -> None:
-    """Run until cancelled: tell the listeners when the peer comes or goes."""
+    """Run until cancelled: tell the listeners when the peer comes or goes, or when this broker
+    starts or stops acknowledging alone otherwise (a monitored pair's lease or role, pair_state.py
+    invariant 6): open publish streams then send a fresh acknowledgement saying so."""
     was_up = broker.peer_up
+    was_alone = broker.pair.acks_alone()[0]
     while True:
         await asyncio.sleep(PEER_CHECK_SECONDS)
         await broker.confirm_role()
         up = broker.peer_up
+        alone = broker.pair.acks_alone()[0]
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
-            was_up = up
+        if up != was_up or alone != was_alone:
+            was_up, was_alone = up, alone
             for listener in list(broker.peer_listeners):
                 listener()
 

@@ -19,8 +19,9 @@ below are enforced here and nowhere else.
    finds the peer gone makes it active again, with a newer epoch. So a broker killed
    while active never answers ``ACTIVE`` at an old epoch beside its promoted peer.
 3. **Never acknowledge alone while the peer is heard.** A publish acknowledgement says
-   ``single_copy`` exactly while no frame came from the peer for ``PEER_TIMEOUT_MS``
-   (:attr:`PairState.peer_up`).
+   ``single_copy`` only while no frame came from the peer for ``PEER_TIMEOUT_MS``
+   (:attr:`PairState.peer_up`); in a monitored pair only an active says it, under
+   invariant 6 (:meth:`PairState.acks_alone`, asked just before each acknowledgement goes out).
 4. **Take a subscriber over only with the peer's holdings.** Each time a broker starts
    hearing its peer (again), it opens a new *session* and sends the peer, in its next
    frame, its *holdings*: per durable queue, the last number of each publisher it put
@@ -37,6 +38,36 @@ below are enforced here and nowhere else.
    takes a subscriber or sends a frame, it asks the peer's role (``Broker.confirm_role``)
    and steps down when the peer answers as active at a newer epoch. So it never answers
    ``ACTIVE`` beside a newer active, and keeps the role when the peer was not promoted.
+
+6. **In a monitored pair, an active acknowledges alone only under the monitor's lease, and one
+   that hears neither its peer nor the monitor steps down.** With ``SOKUTATSU_BROKER_MONITORED``
+   (the monitor decides failovers) an active that does not hear its peer says ``single_copy``
+   only while it holds a lease the monitor granted for a *token it made while it already did
+   not hear its peer*; the lease lasts the granted ``lease_ms`` from when it made that token, on
+   its own monotonic clock (:meth:`PairState.take_token`, :meth:`PairState.grant`). The monitor
+   counts the same lease from when it *received* the token, which is later, and promotes the
+   standby only once that has lapsed (plus a margin) on its clock, or once it saw the broker
+   standby. So the old active's last acknowledgement alone comes before the new active's first,
+   and an active cut off from the monitor before it stopped hearing its peer never acknowledges
+   alone (whatever it acknowledged alone the monitor knew of). Without the lease its
+   acknowledgements hold the messages but say ``single_copy_refused`` (UNAVAILABLE and why): the
+   publisher counts them only with the other broker's. An active that does not hear its peer
+   and whose lease lapsed (or, promoted by ``SetRole``, that got none within a peer timeout) steps
+   down to standby at its epoch (:meth:`PairState.check_lease`, run with :meth:`tick` before it
+   answers a role or statistics, takes a subscriber or acknowledges): it never answers ``ACTIVE``
+   beside the standby the monitor promotes. When it hears its peer again and the peer's frame
+   says standby at no newer epoch (nobody was promoted: the monitor may be down), it is active
+   again at its epoch, without a lease (:meth:`PairState.resume`). A grant applies only while the broker is active at
+   the epoch the monitor names; a role change ends the lease. An active that never held one this
+   term (configured active at start) does not step down: it acknowledges nothing alone, and the
+   monitor grants it a lease once it reaches it. A monitored standby neither acknowledges alone
+   (a standby that did, while the active ran on but a publisher could not reach it, left the
+   active serving subscribers without what it acknowledged: the SDK reported gaps; chaos seed
+   508077) nor promotes itself: only the monitor promotes, and only the lease holder counts
+   alone. **Without a monitor** (the setting off, the default for a bare
+   pair) none of this applies: an active or standby that does not hear its peer acknowledges
+   alone and a standby a subscriber comes to promotes itself, as before; a pair cut in two then
+   may have two actives, each acknowledging alone (docs/broker.md, The monitor's lease).
 
 The queue side of ownership (which broker serves a subscriber, and from where) is in
 ``subscription_queue.py``; the broker (``broker.py``) applies both.
@@ -64,6 +95,8 @@ Role: TypeAlias = broker_pb2.BrokerRole.ValueType
 # The highest epoch a broker takes (see invariant 1).
 MAX_EPOCH = 2**62
 PAIR_FILE = "pair.json"
+# How many of its latest lease tokens a broker keeps for the monitor to grant (invariant 6).
+TOKENS_KEPT = 4
 
 
 def role_name(role: Role) -> str:
@@ -103,6 +136,16 @@ class PairState:
     # When this broker last ran its checks, and whether it has since to ask its peer (invariant 5).
     ticked_at: float = 0.0
     in_doubt: bool = False
+    # Invariant 6: whether the monitor decides failovers; the lease (monotonic time it ends, and
+    # the end of the part granted for tokens made while the peer was not heard; 0: none this term);
+    # the tokens it made lately (number -> (time, peer heard then)).
+    monitored: bool = False
+    lease_until: float = 0.0
+    alone_until: float = 0.0
+    tokens: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    last_token: int = 0
+    # Whether its last role change was the step-down of invariant 6 (it may resume, below).
+    stepped_down_alone: bool = False
 
     @classmethod
     def load(
@@ -114,6 +157,7 @@ class PairState:
         peer_link: str,
         peer_timeout: float,
         state_dir: Path,
+        monitored: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> PairState:
         """The state at start: as configured, or, on a restart (``pair.json``), standby at the recorded epoch."""
@@ -150,6 +194,7 @@ class PairState:
             path=path,
             clock=clock,
             ticked_at=clock(),
+            monitored=monitored,
         )
         if state.peer:
             state.save()
@@ -222,6 +267,79 @@ class PairState:
             return False
         return self.step_down_for(peer_id, peer_role, peer_epoch)
 
+    # ----------------------------------------------------------------- lease --
+    def take_token(self) -> tuple[int, bool]:
+        """A token for the monitor to grant (invariant 6): its number and whether the peer is heard now."""
+        self.last_token += 1
+        up = self.peer_up
+        self.tokens[self.last_token] = (self.clock(), up)
+        for old in [t for t in self.tokens if t <= self.last_token - TOKENS_KEPT]:
+            del self.tokens[old]
+        return self.last_token, up
+
+    def grant(self, token: int, epoch: int, lease: float) -> bool:
+        """The monitor grants ``token`` for ``lease`` seconds at ``epoch``; True when applied."""
+        made = self.tokens.get(token)
+        if made is None or self.role != ACTIVE or epoch != self.epoch:
+            return False
+        at, peer_was_up = made
+        self.lease_until = max(self.lease_until, at + lease)
+        if not peer_was_up:
+            self.alone_until = max(self.alone_until, at + lease)
+        return True
+
+    @property
+    def lease_left(self) -> float:
+        return max(0.0, self.lease_until - self.clock())
+
+    def acks_alone(self) -> tuple[bool, str]:
+        """For an acknowledgement sent now: ``single_copy``, and why not although the peer is not heard."""
+        if self.peer_up:
+            return False, ""
+        now = self.clock()
+        if not self.monitored or (self.role == ACTIVE and now < self.alone_until):
+            return True, ""
+        if self.role != ACTIVE:
+            why = "it is standby: in a monitored pair only the active holding the monitor's lease acknowledges alone"
+        elif now < self.lease_until:
+            why = "the monitor has not yet renewed its lease since it stopped hearing its peer"
+        elif self.lease_until:
+            why = "its lease from the monitor lapsed"
+        else:
+            why = "the monitor has granted it no lease"
+        return False, (
+            f"UNAVAILABLE: {self.instance} does not hear its peer {self.peer or '(unknown)'} and {why}: it holds "
+            "these messages but may not acknowledge them alone (SOKUTATSU_BROKER_MONITORED); they count once the "
+            "other broker holds them too, or once the monitor renews the lease or promotes a broker"
+        )
+
+    def check_lease(self) -> bool:
+        """A monitored active that hears neither its peer nor holds a lease steps down (invariant 6);
+        True when it did."""
+        if not self.monitored or self.role != ACTIVE or self.peer_up:
+            return False
+        now = self.clock()
+        if not self.lease_until or now < self.lease_until:
+            return False
+        why = "its lease from the monitor lapsed" if self.lease_until else "the monitor granted it no lease"
+        stepped = self.change(
+            STANDBY,
+            self.epoch,
+            f"it does not hear its peer and {why}: the monitor may promote the peer (SOKUTATSU_BROKER_MONITORED)",
+        )
+        self.stepped_down_alone = stepped
+        return stepped
+
+    def resume(self, peer_role: Role, peer_epoch: int) -> bool:
+        """After the step-down of invariant 6, the peer's frame says it is standby at no newer epoch:
+        nobody was promoted (the monitor may be down), so this one is active again at its epoch,
+        with no lease until the monitor grants one; True when it resumed."""
+        if not self.stepped_down_alone or self.role != STANDBY or peer_role != STANDBY or peer_epoch > self.epoch:
+            return False
+        return self.change(
+            ACTIVE, self.epoch, f"it hears its peer again, standby at epoch {peer_epoch}: nobody was promoted"
+        )
+
     # ----------------------------------------------------------------- roles --
     @staticmethod
     def check_epoch(epoch: int, what: str) -> None:
@@ -242,7 +360,12 @@ class PairState:
                 "newer epoch"
             )
         # The same role at the same epoch is a re-sent SetRole (its answer was lost): OK, nothing changes.
-        return self.change(role, epoch, "set by the monitor")
+        changed = self.change(role, epoch, "set by the monitor")
+        if changed and role == ACTIVE:
+            # Invariant 6: a promoted broker that hears neither its peer nor, within a peer timeout,
+            # the monitor's lease steps down (this is no lease to acknowledge alone).
+            self.lease_until = self.clock() + self.peer_timeout
+        return changed
 
     def promote_alone(self, why: str) -> bool:
         """Become active at the next epoch (the peer is gone); True when the role changed."""
@@ -277,6 +400,11 @@ class PairState:
         changed = role != self.role
         if changed:
             log.warning("role %s -> %s (epoch %d): %s", role_name(self.role), role_name(role), epoch, why)
+        if changed or epoch != self.epoch:
+            # A lease holds for one role at one epoch (invariant 6).
+            self.lease_until = self.alone_until = 0.0
+            self.tokens.clear()
+            self.stepped_down_alone = False
         if changed or epoch != self.epoch:
             self.role = role
             self.epoch = epoch

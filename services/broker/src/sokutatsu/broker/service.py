@@ -28,6 +28,9 @@ M = TypeVar("M", bound=Message)
 # WatchStatsRequest.interval_ms at most (one hour): a snapshot stream that never sends is a held call.
 MAX_WATCH_INTERVAL_MS = 3_600_000
 SERVICE = "sokutatsu.broker.v1.Broker"
+# RenewLeaseRequest.lease_ms bounds (the monitor's SOKUTATSU_MONITOR_LEASE_MS is within them).
+MIN_LEASE_MS = 10
+MAX_LEASE_MS = 60_000
 
 
 class Undecodable:
@@ -102,8 +105,7 @@ class DataPlane:
         def peer_changed() -> None:
             # Everything stored so far is already in this queue's earlier items; this ack
             # restates it with the new single_copy.
-            ack = broker_pb2.PublishAck(acked_through_seq=state.last_seq, single_copy=not self.broker.peer_up)
-            acks.put_nowait((ack, []))
+            acks.put_nowait((broker_pb2.PublishAck(acked_through_seq=state.last_seq), []))
 
         self.broker.peer_listeners.add(peer_changed)
         try:
@@ -129,6 +131,8 @@ class DataPlane:
                     waits += more[1]
                 for wait in waits:
                     await wait
+                # Whether it may count alone is decided now, as it goes out (pair_state.py, invariant 6).
+                await self.broker.mark_alone(merged)
                 yield broker_pb2.PublishResponse(ack=merged)
             await reader
         finally:
@@ -344,7 +348,6 @@ def _merge(into: broker_pb2.PublishAck, later: broker_pb2.PublishAck) -> None:
     messages) is dropped: it would send the publisher back below what is acknowledged.
     """
     into.acked_through_seq = later.acked_through_seq
-    into.single_copy = later.single_copy
     into.duplicates += later.duplicates
     into.dropped += later.dropped
     still = [r for r in [*into.rejected, *later.rejected] if r.first_seq > later.acked_through_seq]
@@ -424,6 +427,29 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     ) -> broker_pb2.ReleaseSubscriberResponse:
         return broker_pb2.ReleaseSubscriberResponse(
             cleared=await self.broker.release(request.topic, request.subscriber_id)
+        )
+
+    async def RenewLease(
+        self, request: broker_pb2.RenewLeaseRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.RenewLeaseResponse:
+        """The monitor's lease (pair_state.py, invariant 6): grant an earlier token, take a new one."""
+        if request.grant and not MIN_LEASE_MS <= request.lease_ms <= MAX_LEASE_MS:
+            raise InvalidArgument(
+                f"RenewLeaseRequest.lease_ms {echo(request.lease_ms)} is outside {MIN_LEASE_MS} to {MAX_LEASE_MS}"
+            )
+        b = self.broker
+        await b.confirm_role()
+        pair = b.pair
+        granted = bool(request.grant) and pair.grant(request.grant, request.epoch, request.lease_ms / 1000)
+        token, peer_up = pair.take_token()
+        return broker_pb2.RenewLeaseResponse(
+            token=token,
+            granted=granted,
+            role=b.role,
+            epoch=b.epoch,
+            peer_up=peer_up,
+            remaining_ms=min(round(pair.lease_left * 1000), MAX_LEASE_MS),
+            monitored=pair.monitored,
         )
 
     async def ReplicateWatermarks(

@@ -176,8 +176,21 @@ class BrokerSettings(ServiceSettings):
         "PEER_TIMEOUT_MS",
         1000.0,
         "The peer counts as down when no watermark frame arrived for this long: publishes are then "
-        "acknowledged by this broker alone (single_copy), and subscribers of the peer are served here.",
+        "acknowledged by this broker alone (single_copy; with MONITORED, only by an active under the monitor's "
+        "lease), and subscribers of the peer are served here.",
         parse_timeout_millis,
+    )
+    monitored: bool = setting(
+        "MONITORED",
+        False,
+        "true when a monitor (SOKUTATSU_MONITOR_BROKERS) decides this pair's failovers; set it on both brokers. "
+        "An active then acknowledges publishes alone (its peer not heard) only under the monitor's lease, "
+        "steps down when it hears neither its peer nor the monitor for a lease, and a standby neither "
+        "acknowledges alone nor promotes itself. false (a pair without a monitor): a broker that does not "
+        "hear its peer acknowledges alone and a standby a subscriber comes to promotes itself; a pair cut "
+        "in two may then have two actives "
+        "(docs/broker.md, The monitor's lease).",
+        parse_bool,
     )
     watermark_interval_ms: float = setting(
         "WATERMARK_INTERVAL_MS",

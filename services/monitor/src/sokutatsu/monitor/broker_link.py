@@ -247,6 +247,11 @@ class BrokerLink:
             self.stats.epoch = info.epoch
         return info
 
+    async def renew_lease(self, grant: int, epoch: int, lease_ms: int) -> broker_pb2.RenewLeaseResponse:
+        """The monitor's lease (lease.py): grant an earlier token at ``epoch``, take a new one."""
+        request = broker_pb2.RenewLeaseRequest(grant=grant, epoch=epoch, lease_ms=lease_ms)
+        return await self.control.RenewLease(request, timeout=self.interval * 5 + 0.5)
+
 
 def is_unreachable(exc: BaseException) -> bool:
     """Whether a failed call means the broker did not answer (rather than refused)."""

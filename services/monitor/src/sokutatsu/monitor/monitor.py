@@ -26,6 +26,7 @@ from sokutatsu.monitor.assignments import BrokerView, Served, SubKey, active_bro
 from sokutatsu.monitor.broker_link import BrokerLink
 from sokutatsu.monitor.errors import SwitchoverRunning
 from sokutatsu.monitor.hysteresis import Move, MoveGuard, Observation
+from sokutatsu.monitor.lease import LeaseKeeper
 from sokutatsu.monitor.measures import Measures
 from sokutatsu.monitor.pair import Member
 from sokutatsu.monitor.releases import ReleaseKeeper
@@ -81,7 +82,9 @@ class Monitor:
         self.switch_times = SwitchTimes(settings.switch_estimate_ms / 1000)
         self.releases = ReleaseKeeper(self)
         self.watchers = Watchers()
-        self.roles = RoleKeeper(self, time.monotonic())
+        now = time.monotonic()
+        self.leases = LeaseKeeper(self, now)
+        self.roles = RoleKeeper(self, now, self.leases)
         self._published: dict[SubKey, tuple[str, bool, bool]] = {}
         self._group: asyncio.TaskGroup | None = None
 
@@ -156,6 +159,7 @@ class Monitor:
         views = self.views(now)
         self.view = derive_assignments(views)
         active = active_broker(views)
+        self.leases.tick(views, active, now)
         self.roles.tick(views, active, now)
         self._measure(now)
         if self.settings.auto_switch:

@@ -10,7 +10,10 @@ Pure rules over what the monitor sees (time passed in):
   peer timeout) and the monitor cannot see that broker, it is alive but busy or cut off from
   the monitor, and the failover is held. It goes ahead once the standby stops hearing it too,
   at once when the monitor sees the other broker is not active (both standby), and when that
-  broker said it is shutting down (health not SERVING).
+  broker said it is shutting down (health not SERVING). And it waits until the lost active's
+  lease has lapsed on the monitor's clock (``lease.py``; in a monitored pair the active may
+  acknowledge alone until then, and steps down then if it hears nobody), or the monitor saw it
+  standby.
 * **One active**: when both report ``ACTIVE`` (a broker came back as active after the
   standby was promoted), the one with the lower epoch is demoted; on equal epochs, the one
   that came back last.
@@ -23,7 +26,7 @@ absurd epoch, e.g. one set by hand with ``SetRole``), the change is held and sai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sokutatsu.broker.v1 import broker_pb2
@@ -65,23 +68,36 @@ class RoleChange:
 class Held:
     """A change the rules would make but must not (yet): ``kind`` names the reason, ``why`` says it."""
 
-    kind: str  # "peer-heard" or "epoch-exhausted"
+    kind: str  # "peer-heard", "lease" or "epoch-exhausted"
     broker_id: str  # the broker the change was for
     why: str
 
 
 def decide_roles(
-    members: Sequence[Member], now: float, no_active_since: float | None, failover_after: float, highest_epoch: int
+    members: Sequence[Member],
+    now: float,
+    no_active_since: float | None,
+    failover_after: float,
+    highest_epoch: int,
+    *,
+    lease_over: Mapping[str, float] | None = None,
 ) -> RoleChange | Held | None:
-    """The one role change to make now, if any (``members`` in configured order)."""
-    change = _decide(members, now, no_active_since, failover_after, highest_epoch)
+    """The one role change to make now, if any (``members`` in configured order); ``lease_over``:
+    from when each broker holds no lease of the monitor's (none given: no leases)."""
+    change = _decide(members, now, no_active_since, failover_after, highest_epoch, lease_over=lease_over or {})
     if isinstance(change, RoleChange) and change.epoch > MAX_EPOCH:
         return _exhausted(change, members, highest_epoch)
     return change
 
 
 def _decide(
-    members: Sequence[Member], now: float, no_active_since: float | None, failover_after: float, highest_epoch: int
+    members: Sequence[Member],
+    now: float,
+    no_active_since: float | None,
+    failover_after: float,
+    highest_epoch: int,
+    *,
+    lease_over: Mapping[str, float],
 ) -> RoleChange | Held | None:
     epoch = max([highest_epoch, *(m.epoch for m in members)]) + 1
     actives = [m for m in members if m.reachable and m.role == ACTIVE]
@@ -111,6 +127,14 @@ def _decide(
             chosen.broker_id,
             f"{why}, but {chosen.broker_id} still hears it (peer_up): it is busy or cut off from the monitor, "
             f"not dead; no failover while {chosen.broker_id} hears it",
+        )
+    over = lease_over.get(other.broker_id, 0.0) if other is not None else 0.0
+    if other is not None and now < over and epoch <= MAX_EPOCH:  # an exhausted epoch is said instead
+        return Held(
+            "lease",
+            chosen.broker_id,
+            f"{why}, but {other.broker_id} may still hold the monitor's lease for {over - now:.2f}s (it may "
+            f"acknowledge publishes alone until then): {chosen.broker_id} is promoted once it lapsed",
         )
     if other is not None and not other.reachable:
         why += f" and {chosen.broker_id} does not hear it either" if not other.stopping else " (it is shutting down)"

@@ -22,6 +22,7 @@ from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import BrokerView
 from sokutatsu.monitor.broker_link import rpc_error_text
 from sokutatsu.monitor.host import KeeperHost
+from sokutatsu.monitor.lease import LeaseKeeper
 from sokutatsu.monitor.pair import MAX_EPOCH, Held, RoleChange, decide_roles
 from sokutatsu.monitor.status import unix_nano_at
 from sokutatsu.monitor.switchover import timed_step, tracer
@@ -34,8 +35,9 @@ ROLE_RETRY_SECONDS = 0.5
 
 
 class RoleKeeper:
-    def __init__(self, monitor: KeeperHost, now: float) -> None:
+    def __init__(self, monitor: KeeperHost, now: float, leases: LeaseKeeper | None = None) -> None:
         self.monitor = monitor
+        self.leases = leases
         # Since when no reachable broker reports ACTIVE (the monitor's start counts).
         self.no_active_since: float | None = now
         self.last_active = ""
@@ -72,8 +74,14 @@ class RoleKeeper:
                 return
             self.settle = None
         settings = self.monitor.settings
+        lease_over = {b: self.leases.over_at(b) for b in links} if self.leases is not None else None
         change = decide_roles(
-            self.monitor.members(now), now, self.no_active_since, settings.failover_after, self.highest_epoch
+            self.monitor.members(now),
+            now,
+            self.no_active_since,
+            settings.failover_after,
+            self.highest_epoch,
+            lease_over=lease_over,
         )
         if isinstance(change, Held):
             self._hold(change)
@@ -200,6 +208,8 @@ class RoleKeeper:
                 if change.role == broker_pb2.BROKER_ROLE_ACTIVE:
                     self.no_active_since = None
                     self.last_active = change.broker_id
+                    if self.leases is not None:
+                        await self.leases.promoted(change.broker_id)
             finally:
                 self.busy = False
                 if record is not None:

@@ -58,6 +58,13 @@ def parse_interval_ms(raw: str) -> int:
     return int(value)
 
 
+def parse_lease_ms(raw: str) -> int:
+    value = _number(raw, 100, 60_000, "milliseconds")
+    if value != int(value):
+        raise SettingsError("expected whole milliseconds")
+    return int(value)
+
+
 def parse_millis(raw: str) -> float:
     return _number(raw, 0.1, 60_000, "milliseconds")
 
@@ -110,6 +117,16 @@ class MonitorSettings(ServiceSettings):
         "How long no broker may answer as active (its statistics stream broken or silent, or its health not "
         "SERVING) before the monitor promotes the standby.",
         parse_seconds,
+    )
+    lease_ms: int = setting(
+        "LEASE_MS",
+        1000,
+        "The lease the monitor grants the active broker each stats interval, in milliseconds (100 to 60000; "
+        "keep it several stats intervals long). A monitored active that does not hear its peer acknowledges "
+        "alone only under it, and steps down once it lapsed; the monitor promotes the standby only once the "
+        "old active's lease lapsed on its own clock plus a margin (10 %, at least 100 ms), so a failover "
+        "takes at least this long after the monitor last reached the active (docs/monitor.md, The lease).",
+        parse_lease_ms,
     )
     switch_timeout: float = setting(
         "SWITCH_TIMEOUT_SECONDS",
@@ -179,3 +196,7 @@ class MonitorSettings(ServiceSettings):
     @property
     def stats_interval(self) -> float:
         return self.stats_interval_ms / 1000
+
+    @property
+    def lease(self) -> float:
+        return self.lease_ms / 1000

@@ -632,17 +632,29 @@ class PublishAck(_message.Message):
     DUPLICATES_FIELD_NUMBER: _builtins.int
     REJECTED_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    SINGLE_COPY_REFUSED_FIELD_NUMBER: _builtins.int
     acked_through_seq: _builtins.int
     """Every message with publisher_seq <= acked_through_seq is held (or was a
     duplicate, or non-persistent and dropped). Messages after it in the
     acknowledged batch are listed in `rejected` and must be sent again.
     """
     single_copy: _builtins.bool
-    """True when only this broker holds the messages because its peer is down."""
+    """True when only this broker holds the messages because its peer is down:
+    the publisher may count this acknowledgement alone. In a monitored pair
+    (SOKUTATSU_BROKER_MONITORED) only an active says so, under the monitor's
+    lease (docs/broker.md, The monitor's lease).
+    """
     duplicates: _builtins.int
     """Duplicates dropped in the acknowledged range."""
     dropped: _builtins.int
     """Non-persistent messages dropped because a limit was reached."""
+    single_copy_refused: _builtins.str
+    """Set when this broker does not hear its peer but must not be counted alone
+    (in a monitored pair: a standby, or an active without the monitor's
+    lease): "UNAVAILABLE: " and why. The
+    messages are held here; the publisher counts them acknowledged once the
+    other broker holds them too (or this one holds the lease again).
+    """
     @_builtins.property
     def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublishRejection]:
         """Persistent messages refused because a limit was reached: the first
@@ -658,10 +670,11 @@ class PublishAck(_message.Message):
         duplicates: _builtins.int = ...,
         rejected: _abc.Iterable[Global___PublishRejection] | None = ...,
         dropped: _builtins.int = ...,
+        single_copy_refused: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through_seq", b"acked_through_seq", "dropped", b"dropped", "duplicates", b"duplicates", "rejected", b"rejected", "single_copy", b"single_copy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_through_seq", b"acked_through_seq", "dropped", b"dropped", "duplicates", b"duplicates", "rejected", b"rejected", "single_copy", b"single_copy", "single_copy_refused", b"single_copy_refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2009,3 +2022,81 @@ class ReplicateWatermarksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicateWatermarksResponse: _TypeAlias = ReplicateWatermarksResponse  # noqa: Y015
+
+@_typing.final
+class RenewLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANT_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
+    grant: _builtins.int
+    """The token of an earlier answer to grant (0 = none: only take a token)."""
+    epoch: _builtins.int
+    """The epoch the monitor holds this broker active at; a grant applies only
+    while the broker is active at exactly this epoch.
+    """
+    lease_ms: _builtins.int
+    """The lease: it lasts this long from when the broker made the granted token
+    (on the broker's monotonic clock), 10 to 60000 ms.
+    """
+    def __init__(
+        self,
+        *,
+        grant: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        lease_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "lease_ms", b"lease_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseRequest: _TypeAlias = RenewLeaseRequest  # noqa: Y015
+
+@_typing.final
+class RenewLeaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    GRANTED_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    PEER_UP_FIELD_NUMBER: _builtins.int
+    REMAINING_MS_FIELD_NUMBER: _builtins.int
+    MONITORED_FIELD_NUMBER: _builtins.int
+    token: _builtins.int
+    """Grant it in the next call; the broker measures a lease from when it made it."""
+    granted: _builtins.bool
+    """Whether `grant` was applied."""
+    role: Global___BrokerRole.ValueType
+    epoch: _builtins.int
+    peer_up: _builtins.bool
+    """Whether the broker heard its peer when it made `token`: a lease granted for
+    a token made while it did not lets it acknowledge publishes alone.
+    """
+    remaining_ms: _builtins.int
+    """What is left of its lease, in ms (0 = none)."""
+    monitored: _builtins.bool
+    """Whether the broker requires the lease (SOKUTATSU_BROKER_MONITORED): when
+    false it acknowledges alone whenever its peer is not heard.
+    """
+    def __init__(
+        self,
+        *,
+        token: _builtins.int = ...,
+        granted: _builtins.bool = ...,
+        role: Global___BrokerRole.ValueType = ...,
+        epoch: _builtins.int = ...,
+        peer_up: _builtins.bool = ...,
+        remaining_ms: _builtins.int = ...,
+        monitored: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "granted", b"granted", "monitored", b"monitored", "peer_up", b"peer_up", "remaining_ms", b"remaining_ms", "role", b"role", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseResponse: _TypeAlias = RenewLeaseResponse  # noqa: Y015

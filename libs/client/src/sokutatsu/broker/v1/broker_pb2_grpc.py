@@ -568,6 +568,11 @@ class BrokerControlStub:
                 request_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.DeliveredWatermarks.SerializeToString,
                 response_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.ReplicateWatermarksResponse.FromString,
                 _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/sokutatsu.broker.v1.BrokerControl/RenewLease',
+                request_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerControlServicer:
@@ -616,6 +621,15 @@ class BrokerControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewLease(self, request, context):
+        """The monitor's lease (pair_state.py, invariant 6), called by the monitor each
+        round on the broker it holds active: it grants the token of the previous
+        answer and takes a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -653,6 +667,11 @@ def add_BrokerControlServicer_to_server(servicer, server):
                     servicer.ReplicateWatermarks,
                     request_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.DeliveredWatermarks.FromString,
                     response_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.ReplicateWatermarksResponse.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -844,6 +863,33 @@ class BrokerControl:
             '/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks',
             sokutatsu_dot_broker_dot_v1_dot_broker__pb2.DeliveredWatermarks.SerializeToString,
             sokutatsu_dot_broker_dot_v1_dot_broker__pb2.ReplicateWatermarksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sokutatsu.broker.v1.BrokerControl/RenewLease',
+            sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseRequest.SerializeToString,
+            sokutatsu_dot_broker_dot_v1_dot_broker__pb2.RenewLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -194,6 +194,11 @@ class BrokerControlStub:
     ReleaseSubscriber: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReleaseSubscriberRequest, _broker_pb2.ReleaseSubscriberResponse]
     ReplicateWatermarks: _grpc.StreamUnaryMultiCallable[_broker_pb2.DeliveredWatermarks, _broker_pb2.ReplicateWatermarksResponse]
     """A client stream from each broker to its peer, batched every few ms."""
+    RenewLease: _grpc.UnaryUnaryMultiCallable[_broker_pb2.RenewLeaseRequest, _broker_pb2.RenewLeaseResponse]
+    """The monitor's lease (pair_state.py, invariant 6), called by the monitor each
+    round on the broker it holds active: it grants the token of the previous
+    answer and takes a new one.
+    """
 
 @_typing.type_check_only
 class BrokerControlAsyncStub(BrokerControlStub):
@@ -206,6 +211,11 @@ class BrokerControlAsyncStub(BrokerControlStub):
     ReleaseSubscriber: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReleaseSubscriberRequest, _broker_pb2.ReleaseSubscriberResponse]  # type: ignore[assignment]
     ReplicateWatermarks: _aio.StreamUnaryMultiCallable[_broker_pb2.DeliveredWatermarks, _broker_pb2.ReplicateWatermarksResponse]  # type: ignore[assignment]
     """A client stream from each broker to its peer, batched every few ms."""
+    RenewLease: _aio.UnaryUnaryMultiCallable[_broker_pb2.RenewLeaseRequest, _broker_pb2.RenewLeaseResponse]  # type: ignore[assignment]
+    """The monitor's lease (pair_state.py, invariant 6), called by the monitor each
+    round on the broker it holds active: it grants the token of the previous
+    answer and takes a new one.
+    """
 
 class BrokerControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -257,5 +267,16 @@ class BrokerControlServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ReplicateWatermarksResponse, _abc.Awaitable[_broker_pb2.ReplicateWatermarksResponse]]:
         """A client stream from each broker to its peer, batched every few ms."""
+
+    @_abc_1.abstractmethod
+    def RenewLease(
+        self,
+        request: _broker_pb2.RenewLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.RenewLeaseResponse, _abc.Awaitable[_broker_pb2.RenewLeaseResponse]]:
+        """The monitor's lease (pair_state.py, invariant 6), called by the monitor each
+        round on the broker it holds active: it grants the token of the previous
+        answer and takes a new one.
+        """
 
 def add_BrokerControlServicer_to_server(servicer: BrokerControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
