@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sokutatsu.broker.pair_state import ACTIVE, MAX_EPOCH, PAIR_FILE, STANDBY, PairState
+from sokutatsu.broker.pair_state import ACTIVE, MAX_EPOCH, PAIR_FILE, STANDBY, PairState, Role
 from sokutatsu.core.errors import FailedPrecondition, InvalidArgument
 
 PEER_TIMEOUT = 1.0
@@ -208,16 +208,14 @@ class MonitoredPairRoles(PairRoles):
             assert not self.state.peer_up
             assert self.state.role == STANDBY
 
-    @rule(epoch=EPOCHS)
-    def frame_from_a_standby_peer(self, epoch: int) -> None:
-        """After a step-down of its own, a standby peer at no newer epoch lets it be active again."""
-        was = (self.state.role, self.state.epoch, self.state.stepped_down_alone)
-        if self.state.resume(STANDBY, epoch):
-            assert was[0] == STANDBY
-            assert was[2]
-            assert epoch <= was[1]
-            assert (self.state.role, self.state.epoch) == (ACTIVE, was[1])
-            assert self.state.lease_until == self.state.alone_until == 0.0
+    @rule(epoch=EPOCHS, role=st.sampled_from([ACTIVE, STANDBY]))
+    def frame_from_the_peer(self, epoch: int, role: Role) -> None:
+        """A peer's frame only ever makes it step down: never active again on the peer's word
+        (the monitor may be promoting that peer as the frame travels)."""
+        was = self.state.role
+        self.state.peer_frame("broker-b", role, epoch)
+        if was != ACTIVE:
+            assert self.state.role != ACTIVE
 
     @invariant()
     def it_acknowledges_alone_only_within_a_lease_the_monitor_granted(self) -> None:
@@ -251,3 +249,30 @@ def test_an_unreadable_pair_file_is_ignored_with_a_warning(tmp_path: Path, caplo
     )
     assert state.role == ACTIVE
     assert "ignoring" in caplog.text
+
+
+def test_a_broker_that_stepped_down_for_its_lease_is_made_active_again_only_by_the_monitor(tmp_path: Path) -> None:
+    """Chaos seed 2630 (loaded machine): broker-b, active at epoch 1, paused past its lease, stepped
+    down; broker-a's next frame (standby, epoch 1) made it active again while the monitor was
+    promoting broker-a at epoch 2: both answered ACTIVE for 0.1 s. A frame must not do that."""
+    now = [0.0]
+    state = PairState.load(
+        instance="broker-b",
+        role="standby",
+        peer="127.0.0.1:7201",
+        peer_link="",
+        peer_timeout=PEER_TIMEOUT,
+        state_dir=tmp_path,
+        monitored=True,
+        clock=lambda: now[0],
+    )
+    state.set_by_monitor(ACTIVE, 1)  # promoted; then no lease and no peer
+    state.heard(1, False)
+    now[0] += 10 * PEER_TIMEOUT
+    assert state.check_lease()
+    assert state.role == STANDBY
+    state.heard(2, False)  # the peer is heard again: its frame says standby at epoch 1
+    assert not state.peer_frame("broker-a", STANDBY, 1)
+    assert state.role == STANDBY
+    assert state.set_by_monitor(ACTIVE, 2)  # only the monitor makes it active again
+    assert state.role == ACTIVE

@@ -865,9 +865,7 @@ class Broker:
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self._apply_holdings(frame.holdings)
-        if self.pair.step_down_for(frame.broker_id, frame.role, frame.epoch) or self.pair.resume(
-            frame.role, frame.epoch
-        ):
+        if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
             self._roles_changed()
         for mark in frame.subscribers:
             topic = self.topics.get(mark.topic)

@@ -55,9 +55,12 @@ below are enforced here and nowhere else.
    and whose lease lapsed (or, promoted by ``SetRole``, that got none within a peer timeout) steps
    down to standby at its epoch (:meth:`PairState.check_lease`, run with :meth:`tick` before it
    answers a role or statistics, takes a subscriber or acknowledges): it never answers ``ACTIVE``
-   beside the standby the monitor promotes. When it hears its peer again and the peer's frame
-   says standby at no newer epoch (nobody was promoted: the monitor may be down), it is active
-   again at its epoch, without a lease (:meth:`PairState.resume`). A grant applies only while the broker is active at
+   beside the standby the monitor promotes. Only the monitor makes it active again (``SetRole``
+   at a newer epoch), never its peer's frames: a frame saying the peer is standby may have left
+   before the monitor promoted that peer, so a broker that came back active on it answered
+   ``ACTIVE`` beside the promoted peer (chaos seed 2630, on a loaded machine). So a monitored pair
+   whose link is cut while its monitor is down has no active until the monitor is back: publishes
+   are held, never acknowledged alone. A grant applies only while the broker is active at
    the epoch the monitor names; a role change ends the lease. An active that never held one this
    term (configured active at start) does not step down: it acknowledges nothing alone, and the
    monitor grants it a lease once it reaches it. A monitored standby neither acknowledges alone
@@ -144,8 +147,6 @@ class PairState:
     alone_until: float = 0.0
     tokens: dict[int, tuple[float, bool]] = field(default_factory=dict)
     last_token: int = 0
-    # Whether its last role change was the step-down of invariant 6 (it may resume, below).
-    stepped_down_alone: bool = False
 
     @classmethod
     def load(
@@ -322,22 +323,10 @@ class PairState:
         if not self.lease_until or now < self.lease_until:
             return False
         why = "its lease from the monitor lapsed" if self.lease_until else "the monitor granted it no lease"
-        stepped = self.change(
+        return self.change(
             STANDBY,
             self.epoch,
             f"it does not hear its peer and {why}: the monitor may promote the peer (SOKUTATSU_BROKER_MONITORED)",
-        )
-        self.stepped_down_alone = stepped
-        return stepped
-
-    def resume(self, peer_role: Role, peer_epoch: int) -> bool:
-        """After the step-down of invariant 6, the peer's frame says it is standby at no newer epoch:
-        nobody was promoted (the monitor may be down), so this one is active again at its epoch,
-        with no lease until the monitor grants one; True when it resumed."""
-        if not self.stepped_down_alone or self.role != STANDBY or peer_role != STANDBY or peer_epoch > self.epoch:
-            return False
-        return self.change(
-            ACTIVE, self.epoch, f"it hears its peer again, standby at epoch {peer_epoch}: nobody was promoted"
         )
 
     # ----------------------------------------------------------------- roles --
@@ -378,6 +367,11 @@ class PairState:
             return False
         return self.change(ACTIVE, self.epoch + 1, why)
 
+    def peer_frame(self, peer_id: str, peer_role: Role, peer_epoch: int) -> bool:
+        """The roles a peer's frame states; True when this broker's role changed. A frame only ever
+        makes a broker step down (invariant 1, and 6: never active again on a peer's word)."""
+        return self.step_down_for(peer_id, peer_role, peer_epoch)
+
     def step_down_for(self, peer_id: str, peer_role: Role, peer_epoch: int) -> bool:
         """Both active: the older epoch, then the higher broker id, steps down; True when this one did."""
         if peer_epoch > MAX_EPOCH:
@@ -404,7 +398,6 @@ class PairState:
             # A lease holds for one role at one epoch (invariant 6).
             self.lease_until = self.alone_until = 0.0
             self.tokens.clear()
-            self.stepped_down_alone = False
         if changed or epoch != self.epoch:
             self.role = role
             self.epoch = epoch
