@@ -29,12 +29,16 @@ lint: setup ## ruff format check, ruff lint, mypy --strict
 
 # Test processes (pytest-xdist workers): most tests wait on processes and sockets, so more
 # workers than cores pays; TEST_WORKERS=0 runs everything in this one process (tests/fix_schedule.py).
+# Tests marked solo (whole fault schedules) run afterwards, alone.
 TEST_WORKERS ?= 4
 
-test: setup ## Run every test (real PostgreSQL, gRPC servers and processes) on TEST_WORKERS workers (4); fails if none ran
-	@$(RUN) pytest -n $(TEST_WORKERS) --dist loadgroup; status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests: that is a failure" >&2; exit 1; fi; \
-	exit $$status
+test: setup ## Run every test (real PostgreSQL, gRPC servers and processes) on TEST_WORKERS workers (4), then the solo ones; fails if none ran
+	@$(RUN) pytest -n $(TEST_WORKERS) --dist loadgroup -m "not solo"; parallel=$$?; \
+	$(RUN) pytest -m solo; solo=$$?; \
+	for status in $$parallel $$solo; do \
+	  if [ $$status -eq 5 ]; then echo "make test: a pytest run collected no tests: that is a failure" >&2; exit 1; fi; \
+	  if [ $$status -ne 0 ]; then exit $$status; fi; \
+	done
 
 up: setup ## Run the whole suite as local processes on an embedded PostgreSQL (Ctrl-C stops it)
 	$(RUN) sokutatsu up

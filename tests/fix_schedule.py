@@ -1,11 +1,14 @@
 """The order tests run in, and which run together under pytest-xdist (a pytest plugin, see conftest.py).
 
-``make test`` runs the suite on several workers (``pytest -n TEST_WORKERS --dist loadgroup``):
+``make test`` runs the suite on several workers (``pytest -n TEST_WORKERS --dist loadgroup``;
+the groups apply with ``--dist loadgroup`` only):
 
 * **Longest first.** Modules holding a test marked ``slow`` run before the others, so the
   long end-to-end, crash and benchmark tests start at once and the short ones fill the gaps
   (the longest-processing-time rule): the run ends soon after its longest test, not a long
-  test started last. Modules stay whole (a module-scoped fixture is set up once).
+  test started last. Modules stay contiguous in that order (in one process a module-scoped
+  fixture is set up once); across workers only a group below stays on one worker, so a new
+  module-scoped fixture that is costly belongs in ``SHARED_FIXTURE_GROUPS``.
 * **Shared costly fixtures on one worker.** Tests that share a fixture that is costly to make
   (a JVM for Spark, a whole demo run, a virtualenv, a set of fuzz targets) are one unit of
   work for the scheduler: the fixture is made once, by one worker, instead of once per worker.
