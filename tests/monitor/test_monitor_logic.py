@@ -61,8 +61,12 @@ def _stats(
     subs: list[broker_pb2.SubscriberStats],
     epoch: int = 1,
     peer_up: bool = True,
+    *,
+    caught_up: bool = True,  # a pair's brokers hold what their subscribers have not acknowledged
 ) -> broker_pb2.BrokerStats:
-    return broker_pb2.BrokerStats(broker_id=broker_id, role=role, epoch=epoch, peer_up=peer_up, subscribers=subs)
+    return broker_pb2.BrokerStats(
+        broker_id=broker_id, role=role, epoch=epoch, peer_up=peer_up, caught_up=caught_up, subscribers=subs
+    )
 
 
 class RealStubAdapter(StubAdapter):

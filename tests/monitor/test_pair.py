@@ -138,3 +138,28 @@ def test_the_last_epoch_under_the_ceiling_is_still_proposed() -> None:
     change = decide_roles([silent, near], now=20.0, no_active_since=10.0, failover_after=1.0, highest_epoch=1)
     assert isinstance(change, RoleChange)
     assert change.epoch == MAX_EPOCH
+
+
+def test_a_standby_that_is_not_caught_up_waits_longer_for_an_active_that_may_only_be_slow() -> None:
+    """Chaos seed 1964 under load: the active (broker-b here, epoch 1) had acknowledged alone while
+    broker-a was killed; broker-a came back as standby without those messages, broker-b starved
+    for 1.1 s, and the monitor promoted broker-a at once: 2,111 acknowledged messages reached the
+    subscriber as a gap. A standby that is not caught up waits FAILOVER_BEHIND_AFTER_SECONDS."""
+    slow = replace(A, reachable=False)
+    behind = replace(B, caught_up=False)
+    kwargs = {"no_active_since": 10.0, "failover_after": 1.0, "highest_epoch": 1, "failover_behind_after": 10.0}
+    held = decide_roles([slow, behind], now=11.2, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(held, Held)
+    assert (held.kind, held.broker_id) == ("behind", "broker-b")
+    assert "not caught up" in held.why
+    assert "FAILOVER_BEHIND_AFTER_SECONDS" in held.why
+    # The active answers again within it: nothing changes, nothing lost.
+    assert decide_roles([A, behind], now=12.0, **kwargs) is None  # type: ignore[arg-type]
+    # Dead after all: promoted once the longer wait is over.
+    change = decide_roles([slow, behind], now=20.0, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(change, RoleChange)
+    assert (change.broker_id, change.role) == ("broker-b", ACTIVE)
+    # A caught-up standby is promoted after FAILOVER_AFTER_SECONDS, as before.
+    change = decide_roles([slow, B], now=11.2, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(change, RoleChange)
+    assert change.broker_id == "broker-b"

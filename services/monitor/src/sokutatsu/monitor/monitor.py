@@ -431,6 +431,7 @@ class Monitor:
             role = stats.role if stats is not None else broker_pb2.BROKER_ROLE_UNSPECIFIED
             epoch = stats.epoch if stats is not None else 0
             peer_up = stats.peer_up if stats is not None else False
+            caught_up = stats.caught_up if stats is not None else False
             out.append(
                 Member(
                     link.broker_id,
@@ -442,6 +443,7 @@ class Monitor:
                     link.last_ok,
                     peer_up=peer_up,
                     stopping=link.draining,
+                    caught_up=caught_up,
                 )
             )
         return out

@@ -82,6 +82,7 @@ class RoleKeeper:
             settings.failover_after,
             self.highest_epoch,
             lease_over=lease_over,
+            failover_behind_after=max(settings.failover_behind_after, settings.failover_after),
         )
         if isinstance(change, Held):
             self._hold(change)

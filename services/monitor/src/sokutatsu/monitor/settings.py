@@ -118,6 +118,16 @@ class MonitorSettings(ServiceSettings):
         "SERVING) before the monitor promotes the standby.",
         parse_seconds,
     )
+    failover_behind_after: float = setting(
+        "FAILOVER_BEHIND_AFTER_SECONDS",
+        10.0,
+        "How long no broker may answer as active before the monitor promotes a standby that is not caught up "
+        "(BrokerStats.caught_up false: it lacks messages the lost active may hold alone, and promoting it loses "
+        "them, its subscribers told of a gap); a caught-up standby is promoted after FAILOVER_AFTER_SECONDS. "
+        "Longer keeps what a slow, not dead, active acknowledged alone; shorter restores publishing sooner "
+        "when the active is dead.",
+        parse_seconds,
+    )
     lease_ms: int = setting(
         "LEASE_MS",
         1000,
