@@ -35,6 +35,9 @@ class PairRoles(RuleBasedStateMachine):
         self.peer_session = 0
         self.last_heard = self.now
 
+    # Whether the pair is monitored (invariant 6); the subclass below sets it.
+    monitored = False
+
     def _load(self) -> PairState:
         return PairState.load(
             instance="broker-a",
@@ -43,6 +46,7 @@ class PairRoles(RuleBasedStateMachine):
             peer_link="",
             peer_timeout=PEER_TIMEOUT,
             state_dir=self.folder,
+            monitored=self.monitored,
             clock=lambda: self.now,
         )
 
@@ -170,19 +174,11 @@ class MonitoredPairRoles(PairRoles):
         self.monitor_until = 0.0
         super().__init__()
 
+    monitored = True
+
     def _load(self) -> PairState:
-        state = PairState.load(
-            instance="broker-a",
-            role=self.configured_role,
-            peer="127.0.0.1:7202",
-            peer_link="",
-            peer_timeout=PEER_TIMEOUT,
-            state_dir=self.folder,
-            monitored=True,
-            clock=lambda: self.now,
-        )
         self.received = {}
-        return state
+        return super()._load()
 
     @rule(delay=st.sampled_from([0.0, 0.05, 0.4, 1.5]))
     def monitor_takes_a_token(self, delay: float) -> None:

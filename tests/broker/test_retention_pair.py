@@ -17,6 +17,16 @@ from tests.broker.test_pair import TOPIC, switch
 pytestmark = pytest.mark.timeout(180)
 
 
+async def _publish_kib(pair: Pair, total: int) -> None:
+    """``total`` persistent messages of about 1 KiB from publisher ``src``, acknowledged by the pair."""
+    async with Publisher(pair.addresses, "src", ack_timeout=60) as pub:
+        for i in range(1, total + 1):
+            pub.publish_nowait(TOPIC, "K", f"{i:08d}".encode() + b"x" * 1000)
+            if i % 50 == 0:
+                await pub.flush()
+        await pub.flush()
+
+
 async def _listed(address: str) -> list[str]:
     async with aio.insecure_channel(address) as channel:
         listed = await broker_pb2_grpc.BrokerAdminStub(channel).ListSubscriptions(
@@ -39,12 +49,7 @@ async def test_a_subscriber_moved_back_after_drops_is_told_once_and_loses_nothin
         await asyncio.wait_for(sub.connected.wait(), 10)
     await switch(pair.active, pair.standby, "broker-b", "slow")
     assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_AWAY
-    async with Publisher(pair.addresses, "src", ack_timeout=60) as pub:
-        for i in range(1, total + 1):
-            pub.publish_nowait(TOPIC, "K", f"{i:08d}".encode() + b"x" * 1000)
-            if i % 50 == 0:
-                await pub.flush()
-        await pub.flush()
+    await _publish_kib(pair, total)
 
     async def same_on_both() -> bool:
         served = await subscriber_stats(pair.standby.address, "slow")
@@ -144,12 +149,7 @@ async def test_a_subscriber_moved_to_a_copy_that_discarded_what_it_already_has_i
     ) as sub:
         await asyncio.wait_for(sub.connected.wait(), 10)
         assert sub.broker_id == "broker-a"
-        async with Publisher(pair.addresses, "src", ack_timeout=60) as pub:
-            for i in range(1, total + 1):
-                pub.publish_nowait(TOPIC, "K", f"{i:08d}".encode() + b"x" * 1000)
-                if i % 50 == 0:
-                    await pub.flush()
-            await pub.flush()
+        await _publish_kib(pair, total)
 
         async def discarded_its_window() -> bool:
             shadow = await subscriber_stats(pair.standby.address, "stalled")

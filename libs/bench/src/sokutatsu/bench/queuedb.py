@@ -386,16 +386,6 @@ def _wait_received(node2: str, expected: int, daemon_alive: Callable[[], bool], 
             time.sleep(POLL_SECONDS)
 
 
-def _outbox_drained(node1: str, limit: float = 30.0) -> int:
-    """node1's outbox count once empty (1pc deletes the last batch just after the receiver's answer)."""
-    deadline = time.monotonic() + limit
-    while True:
-        left = int(_scalar(node1, "SELECT count(*) FROM sokutatsu.outbox"))
-        if left == 0 or time.monotonic() > deadline:
-            return left
-        time.sleep(POLL_SECONDS)
-
-
 def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes, where, and the link
     node1: str, node2: str, mode: str, cfg: QueueDbBenchConfig, folder: Path, one_way_ms: float = 0.0
 ) -> dict[str, Any]:
@@ -419,7 +409,7 @@ def measure_transfer(  # noqa: PLR0917 - the two nodes, the protocol, the sizes,
             early = int(_scalar(node2, "SELECT coalesce(max(seq), 0) FROM sokutatsu.messages"))
             done = _wait_received(node2, n, daemon.alive, limit)
             steal = steal_percent(before, cpu_sample())
-            outbox = _outbox_drained(node1)
+            outbox = remote.outbox_drained(node1)
     received = int(_scalar(node2, "SELECT count(*) FROM sokutatsu.messages"))
     to_inbox = int(_scalar(node2, "SELECT count(*) FROM sokutatsu.messages WHERE queue = %s", (TO_QUEUE,)))
     prepared = int(_scalar(node2, "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()")) + int(

@@ -229,7 +229,7 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
             await asyncio.sleep(POLL_SECONDS)
         delivered = time.perf_counter() - answered + seconds
         steal = steal_percent(before, cpu_sample())
-        outbox = _outbox_drained(node1.dsn)
+        outbox = outbox_drained(node1.dsn)
         floor_before = process_cpu(sender.pid), process_cpu(os.getpid())
         floor_seconds, floor_latencies = await _callers(sender.address, "", n, cfg.size, callers)
         floor_cpu = [
@@ -271,7 +271,8 @@ async def measure_remote_enqueue(  # noqa: PLR0917 - the nodes, the run, where t
     }
 
 
-def _outbox_drained(node1: str, limit: float = 30.0) -> int:
+def outbox_drained(node1: str, limit: float = 30.0) -> int:
+    """node1's outbox count once empty (1pc deletes the last batch just after the receiver's answer)."""
     deadline = time.monotonic() + limit
     while True:
         left = int(_scalar(node1, "SELECT count(*) FROM sokutatsu.outbox"))
