@@ -296,3 +296,33 @@ def test_echo_cuts_a_long_value_and_says_how_long_it_was() -> None:
     nul = b"\x00"
     assert errors.echo(nul * 200) == f"{nul * errors.ECHO_LIMIT!r}… (200 bytes)"
     assert errors.echo(7) == "7"
+
+
+async def test_serve_returns_only_after_the_cancelled_calls_have_unwound(tmp_path: Path) -> None:
+    """A handler cancelled at the end of the grace period may still have work in its ``finally``
+    (pair.receive_watermarks awaits its reader there) after grpcio's server.stop() has returned.
+    serve() waits for it: a call task still pending when serve() returns is cancelled by the
+    closing event loop, and grpcio then prints that cancellation's traceback to stderr, past any
+    log filter (CI caught it in tests/broker/test_pair_stop.py)."""
+    entered, unwound = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_unwind(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.2)  # cleanup that awaits, after the cancellation
+            unwound.set()
+        return b"unreachable"
+
+    async with (
+        _probe_server(tmp_path, grace=0.05, extra=_slow(slow_to_unwind)) as probe,
+        aio.insecure_channel(probe.address) as channel,
+    ):
+        method = channel.unary_unary(f"/{SERVICE}/Slow", _identity, _identity)
+        call = asyncio.ensure_future(method(b"", timeout=2 * LIMIT_SECONDS))
+        await asyncio.wait_for(entered.wait(), LIMIT_SECONDS)
+        probe.stop.set()
+    # _probe_server has awaited serve(): the handler's cleanup must be over by then.
+    assert unwound.is_set(), "serve() returned while a cancelled call was still unwinding"
+    await asyncio.gather(call, return_exceptions=True)  # the client sees the cancellation

@@ -71,6 +71,8 @@ S = TypeVar("S", bound=ServiceSettings)
 
 # A stop still running this long after its grace period logs what it waits for.
 STOP_OVERRUN_SECONDS = 2.0
+# How long a stop waits, after the server stopped, for cancelled calls' handlers to unwind.
+UNWIND_SECONDS = 1.0
 
 # The default largest frame (SOKUTATSU_MAX_FRAME_BYTES); batching keeps frames well under it.
 MAX_MESSAGE_BYTES = DEFAULT_MAX_FRAME_BYTES
@@ -308,9 +310,31 @@ async def serve(
             await health.enter_graceful_shutdown()
             await context.begin_stop()
             await server.stop(runtime.grace_seconds)
+            await _calls_unwound(UNWIND_SECONDS)
             context.cancel_background()
     watchdog.cancel()
     log.info("%s %s stopped", service, settings.instance)
+
+
+def _is_call_task(task: asyncio.Task[Any]) -> bool:
+    """grpcio's AsyncIO server names the tasks it runs a call in (server.pyx.pxi)."""
+    name = task.get_name()
+    return name == "rpc_task" or name.startswith("HandleExceptions[")
+
+
+async def _calls_unwound(limit: float) -> None:
+    """Wait (up to ``limit``) for the tasks of the calls the stop cancelled to end.
+
+    grpcio's ``server.stop()`` returns once its C core has no live call, while a cancelled
+    handler may still be running its ``finally`` (pair.receive_watermarks awaits its reader
+    there). Left pending, such a task is cancelled by the closing event loop and grpcio prints
+    that cancellation's traceback straight to stderr, past any log filter."""
+    calls = [t for t in asyncio.all_tasks() if not t.done() and _is_call_task(t)]
+    if not calls:
+        return
+    _, pending = await asyncio.wait(calls, timeout=limit)
+    if pending:
+        log.warning("%d cancelled call(s) still unwinding %.1fs after the server stopped", len(pending), limit)
 
 
 def _handle_signals(
