@@ -307,13 +307,19 @@ async def serve(
         finally:
             # Also when a background task failed: stop serving before the task group unwinds.
             watchdog = watch_stop(f"{service} {settings.instance}", runtime.grace_seconds + STOP_OVERRUN_SECONDS)
-            await health.enter_graceful_shutdown()
-            await context.begin_stop()
-            await server.stop(runtime.grace_seconds)
-            await _calls_unwound(UNWIND_SECONDS)
-            context.cancel_background()
+            await _stop(server, context, health, runtime.grace_seconds)
     watchdog.cancel()
     log.info("%s %s stopped", service, settings.instance)
+
+
+async def _stop(server: aio.Server, context: ServiceContext, health: HealthServicer, grace: float) -> None:
+    """The stop, in order: health says NOT_SERVING, the service's stop_first tasks end, the
+    server stops (calls get ``grace`` seconds), cancelled calls unwind, background tasks end."""
+    await health.enter_graceful_shutdown()
+    await context.begin_stop()
+    await server.stop(grace)
+    await _calls_unwound(UNWIND_SECONDS)
+    context.cancel_background()
 
 
 def _is_call_task(task: asyncio.Task[Any]) -> bool:
