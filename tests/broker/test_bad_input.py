@@ -297,6 +297,13 @@ async def test_control_rpcs_refuse_bad_requests(broker: BrokerProcess) -> None:
         assert "broker-a is already active at epoch 3: a different role needs a newer epoch" in (error.details() or "")
         role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
         assert (role.role, role.epoch) == (broker_pb2.BROKER_ROLE_ACTIVE, 3)
+        for lease_ms in (1, 60_001):  # the grace of a promotion: 10 to 60000 ms, 0 for the peer timeout
+            request = broker_pb2.SetRoleRequest(role=broker_pb2.BROKER_ROLE_ACTIVE, epoch=4, lease_ms=lease_ms)
+            error = await _status(control.SetRole(request, timeout=10))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"SetRoleRequest.lease_ms {lease_ms} is outside 10 to 60000" in (error.details() or "")
+        role = await control.GetRole(broker_pb2.GetRoleRequest(), timeout=10)
+        assert (role.role, role.epoch) == (broker_pb2.BROKER_ROLE_ACTIVE, 3)  # refused before any change
         error = await _status(control.SetRole(broker_pb2.SetRoleRequest(role=99, epoch=4), timeout=10))  # type: ignore[arg-type]
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "SetRoleRequest.role 99 is not a role a broker takes: use BROKER_ROLE_ACTIVE = 1 or" in (

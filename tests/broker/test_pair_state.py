@@ -272,3 +272,33 @@ def test_a_broker_that_stepped_down_for_its_lease_is_made_active_again_only_by_t
     assert state.role == STANDBY
     assert state.set_by_monitor(ACTIVE, 2)  # only the monitor makes it active again
     assert state.role == ACTIVE
+
+
+@pytest.mark.parametrize("grace", [0.0, 3.0])
+def test_a_broker_promoted_by_the_monitor_steps_down_after_the_grace_the_call_carried(
+    tmp_path: Path, grace: float
+) -> None:
+    """SetRole(ACTIVE) carries the monitor's lease as ``lease_ms``: the monitor counts the broker
+    as active until the call's deadline plus it, also when the answer is lost, then may promote
+    the other broker. So a promoted broker that hears neither its peer nor a grant within it
+    steps down (0: within its peer timeout), never later than the monitor counts."""
+    now = [0.0]
+    state = PairState.load(
+        instance="broker-b",
+        role="standby",
+        peer="127.0.0.1:7201",
+        peer_link="",
+        peer_timeout=PEER_TIMEOUT,
+        state_dir=tmp_path,
+        monitored=True,
+        clock=lambda: now[0],
+    )
+    now[0] += 10 * PEER_TIMEOUT  # the peer is gone
+    assert state.set_by_monitor(ACTIVE, 2, grace)
+    end = grace or PEER_TIMEOUT
+    now[0] += end * 0.99
+    assert not state.check_lease()
+    assert state.role == ACTIVE
+    now[0] += end * 0.02
+    assert state.check_lease()
+    assert (state.role, state.epoch) == (STANDBY, 2)

@@ -48,6 +48,8 @@ class ModelBroker:
     subscriber_id: str = "desk-1"
     # When set, step 1 waits for it.
     gate: asyncio.Event | None = None
+    # Calls whose answer is lost after the broker acted on them (the caller sees DEADLINE_EXCEEDED).
+    lose_answer: set[str] = field(default_factory=set)
 
     @property
     def address(self) -> str:
@@ -107,6 +109,7 @@ class StubAdapter:
     def __init__(self, model: ModelBroker) -> None:
         self.model = model
         self.roles: list[tuple[broker_pb2.BrokerRole.ValueType, int, str]] = []
+        self.set_role_requests: list[broker_pb2.SetRoleRequest] = []
 
     async def ListSubscriptions(self, request: Any, **_: Any) -> broker_pb2.ListSubscriptionsResponse:  # noqa: N802 - the stub's names
         sub = await self.model.subscription(self.model.subscriber_id, request.topic)
@@ -135,6 +138,7 @@ class StubAdapter:
         """Fenced by epoch as the broker fences it (pair_state.py ``set_by_monitor``)."""
         model = self.model
         model.call("set_role")
+        self.set_role_requests.append(request)
         if request.role not in (broker_pb2.BROKER_ROLE_ACTIVE, broker_pb2.BROKER_ROLE_STANDBY):
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "SetRoleRequest.role is not a role a broker takes")
         if request.epoch > MAX_EPOCH:
@@ -146,4 +150,6 @@ class StubAdapter:
             )
         model.role, model.epoch = role, request.epoch
         self.roles.append((request.role, request.epoch, request.peer))  # the role changes that took
+        if "set_role" in model.lose_answer:
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         return broker_pb2.RoleInfo(broker_id=model.broker_id, role=request.role, epoch=request.epoch)

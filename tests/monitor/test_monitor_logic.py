@@ -360,6 +360,38 @@ async def test_failover_promotes_the_standby_once_and_is_recorded(harness: Harne
     assert served.broker_id in ("broker-a", "broker-b")  # until broker-b's statistics say it serves
 
 
+@pytest.mark.parametrize("side", ["model"])  # only the model loses an answer on purpose
+async def test_a_promotion_whose_answer_was_lost_never_leaves_two_actives(harness: Harness) -> None:
+    """broker-a dies; the monitor promotes broker-b, which takes the role, but the answer is lost
+    and the monitor stops hearing broker-b (cut off from it). broker-a comes back, standby, as a
+    restarted broker does. broker-b may be active (it is), so the monitor promotes broker-a only
+    once broker-b's promotion has lapsed on its clock (a monitored broker promoted by SetRole
+    steps down when it gets no lease within the ``lease_ms`` the call carried), and at a newer
+    epoch than the one it sent broker-b: the epoch in a command is used even when the answer
+    is lost. (It promoted broker-a at once, at broker-b's epoch: two actives at one epoch.)"""
+    h = harness
+    _normal_pair(h)
+    b = h.models["broker-b"]
+    assert isinstance(b, ModelBroker)
+    b.lose_answer.add("set_role")
+    h.kill("broker-a")
+    await h.ticks_until(lambda: b.role == "active", "broker-b taking the role")
+    sent = h.stubs["broker-b"].set_role_requests[-1]
+    assert sent.lease_ms == round(h.monitor.settings.lease * 1000)
+    h.hide("broker-b")
+    h.silent.discard("broker-a")
+    h.current["broker-a"] = _stats("broker-a", STANDBY, [], epoch=1, peer_up=False)
+    held: set[tuple[str, str] | None] = set()
+
+    def promoted() -> bool:
+        held.add(h.monitor.roles.held)
+        return bool(h.stubs["broker-a"].roles)
+
+    await h.ticks_until(promoted, "broker-a's promotion")
+    assert h.stubs["broker-a"].roles == [(ACTIVE, sent.epoch + 1, h.address("broker-b"))]
+    assert ("lease", "broker-a") in held, "broker-a was promoted while broker-b's promotion could still hold"
+
+
 async def test_an_active_only_the_monitor_lost_is_not_failed_over(harness: Harness) -> None:
     """The active stops answering the monitor (a busy event loop, a cut) while the standby
     still hears it: no promotion; once the standby stops hearing it too, the failover."""

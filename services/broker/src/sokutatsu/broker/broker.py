@@ -818,9 +818,9 @@ class Broker:
         self._topic(topic).reindex()
         return cleared
 
-    def set_role(self, role: Role, epoch: int, peer: str) -> None:
-        """The monitor's role change, fenced by epoch (pair_state.py)."""
-        self.pair.set_by_monitor(role, epoch)
+    def set_role(self, role: Role, epoch: int, peer: str, grace: float = 0.0) -> None:
+        """The monitor's role change, fenced by epoch (pair_state.py); ``grace``: see ``set_by_monitor``."""
+        self.pair.set_by_monitor(role, epoch, grace)
         self.pair.learn_peer(peer, "from the monitor")  # only from a decision that was not refused
         self._roles_changed()
 

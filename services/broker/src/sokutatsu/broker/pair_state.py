@@ -52,9 +52,11 @@ below are enforced here and nowhere else.
    alone (whatever it acknowledged alone the monitor knew of). Without the lease its
    acknowledgements hold the messages but say ``single_copy_refused`` (UNAVAILABLE and why): the
    publisher counts them only with the other broker's. An active that does not hear its peer
-   and whose lease lapsed (or, promoted by ``SetRole``, that got none within a peer timeout) steps
-   down to standby at its epoch (:meth:`PairState.check_lease`, run with :meth:`tick` before it
-   answers a role or statistics, takes a subscriber or acknowledges): it never answers ``ACTIVE``
+   and whose lease lapsed (or, promoted by ``SetRole``, that got none within the ``lease_ms`` the
+   call carried, else a peer timeout: the monitor counts it as active until that call's deadline
+   plus ``lease_ms``, also when the answer is lost) steps down to standby at its epoch
+   (:meth:`PairState.check_lease`, run with :meth:`tick` before it answers a role or statistics,
+   takes a subscriber or acknowledges): it never answers ``ACTIVE``
    beside the standby the monitor promotes. Only the monitor makes it active again (``SetRole``
    at a newer epoch), never its peer's frames: a frame saying the peer is standby may have left
    before the monitor promoted that peer, so a broker that came back active on it answered
@@ -335,8 +337,9 @@ class PairState:
         if epoch > MAX_EPOCH:
             raise InvalidArgument(f"{what}: epoch {epoch} is over the highest a broker takes ({MAX_EPOCH})")
 
-    def set_by_monitor(self, role: Role, epoch: int) -> bool:
-        """``SetRole``, fenced by epoch (invariant 1); True when the role changed."""
+    def set_by_monitor(self, role: Role, epoch: int, grace: float = 0.0) -> bool:
+        """``SetRole``, fenced by epoch (invariant 1); True when the role changed. ``grace``: how long
+        a promoted monitored broker stays active without its peer or a lease (0: the peer timeout)."""
         check_role(role, "SetRoleRequest.role")
         self.check_epoch(epoch, "SetRole")
         if epoch < self.epoch:
@@ -351,9 +354,10 @@ class PairState:
         # The same role at the same epoch is a re-sent SetRole (its answer was lost): OK, nothing changes.
         changed = self.change(role, epoch, "set by the monitor")
         if changed and role == ACTIVE:
-            # Invariant 6: a promoted broker that hears neither its peer nor, within a peer timeout,
-            # the monitor's lease steps down (this is no lease to acknowledge alone).
-            self.lease_until = self.clock() + self.peer_timeout
+            # Invariant 6: a promoted broker that hears neither its peer nor, within the grace the
+            # monitor sent (it counts the broker as active that long), its lease steps down (this
+            # is no lease to acknowledge alone).
+            self.lease_until = self.clock() + (grace or self.peer_timeout)
         return changed
 
     def promote_alone(self, why: str) -> bool:

@@ -386,7 +386,12 @@ class Control(broker_pb2_grpc.BrokerControlServicer):
     ) -> broker_pb2.RoleInfo:
         if request.peer:
             parse_peer_or_invalid(request.peer)
-        self.broker.set_role(request.role, request.epoch, request.peer)
+        if request.lease_ms and not MIN_LEASE_MS <= request.lease_ms <= MAX_LEASE_MS:
+            raise InvalidArgument(
+                f"SetRoleRequest.lease_ms {echo(request.lease_ms)} is outside {MIN_LEASE_MS} to {MAX_LEASE_MS} "
+                "(0: the broker's peer timeout)"
+            )
+        self.broker.set_role(request.role, request.epoch, request.peer, request.lease_ms / 1000)
         return await self._role()
 
     async def GetSwitchPosition(

@@ -238,8 +238,10 @@ class BrokerLink:
         )
         return await self.control.ReleaseSubscriber(request, timeout=CONTROL_TIMEOUT_SECONDS, metadata=_metadata())
 
-    async def set_role(self, role: broker_pb2.BrokerRole.ValueType, epoch: int, peer: str) -> broker_pb2.RoleInfo:
-        request = broker_pb2.SetRoleRequest(role=role, epoch=epoch, peer=peer)
+    async def set_role(
+        self, role: broker_pb2.BrokerRole.ValueType, epoch: int, peer: str, lease_ms: int = 0
+    ) -> broker_pb2.RoleInfo:
+        request = broker_pb2.SetRoleRequest(role=role, epoch=epoch, peer=peer, lease_ms=lease_ms)
         info = await self.control.SetRole(request, timeout=CONTROL_TIMEOUT_SECONDS, metadata=_metadata())
         if self.stats is not None:
             # Until the next statistics frame confirms it.

@@ -15,9 +15,15 @@ acknowledgement already on its way).
 
 A grant goes only to the broker the monitor holds active (reachable, ``ACTIVE``, the higher
 epoch), at the epoch its token was made at, and only while no other broker may hold a lease.
-A broker seen answering ``STANDBY`` holds none (a role change ends a lease on the broker, and
-a lease is granted again only at a newer epoch). At start the monitor counts every broker as
-holding a lease for one ``LEASE_MS``: a monitor before it may have granted one.
+A broker seen answering ``STANDBY`` at (or after) the epoch it was last promoted at holds none
+(a role change ends a lease on the broker, and a lease is granted again only at a newer epoch).
+Promoting a broker counts as granting it a lease until the ``SetRole`` call's deadline plus the
+lease, recorded before the call and kept whatever its answer: the call carries the lease as its
+``lease_ms``, and a broker it promoted that hears neither its peer nor a grant within it steps
+down. So a promotion whose answer was lost holds the next one back until that broker is standby
+again, and the next carries a newer epoch (``roles.py``): never two actives at one epoch. At
+start the monitor counts every broker as holding a lease for one ``LEASE_MS``: a monitor before
+it may have granted one.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class Lease:
     told_unmonitored: bool = False
     # Whether its last answer said the grant applied (logged when it changes).
     holds: bool = False
+    # The epoch of its last promotion by the monitor: a standby seen at an older epoch may be a
+    # view from before that promotion, and does not end the lease.
+    promoted_epoch: int = 0
 
 
 class LeaseKeeper:
@@ -72,8 +81,10 @@ class LeaseKeeper:
     def tick(self, views: list[BrokerView], active: BrokerView | None, now: float) -> None:
         """Forget the leases of brokers seen standby; renew the active's; take tokens from actives."""
         for view in views:
-            if view.stats is not None and view.reachable and view.role == STANDBY:
-                self.leases[view.broker_id].until = 0.0
+            lease = self.leases[view.broker_id]
+            standby = view.stats is not None and view.reachable and view.role == STANDBY
+            if standby and view.stats is not None and view.stats.epoch >= lease.promoted_epoch:
+                lease.until = 0.0
         for view in views:
             lease = self.leases[view.broker_id]
             if not view.reachable or view.role != ACTIVE or lease.calling:
@@ -98,6 +109,16 @@ class LeaseKeeper:
         # Recorded before the grant goes out: the broker's end is never later than this.
         lease.until = max(lease.until, lease.token_at + self.lease)
         return lease.token
+
+    def promoting(self, broker_id: str, epoch: int, deadline: float) -> int:
+        """Before ``SetRole(ACTIVE, epoch)`` to ``broker_id`` with this call deadline: count it as
+        active (as holding a lease) until the deadline plus the lease, whatever the answer (the
+        broker steps down when it hears neither its peer nor a grant within the lease); the
+        ``lease_ms`` the call carries."""
+        lease = self.leases[broker_id]
+        lease.until = max(lease.until, deadline + self.lease)
+        lease.promoted_epoch = max(lease.promoted_epoch, epoch)
+        return round(self.lease * 1000)
 
     async def promoted(self, broker_id: str) -> None:
         """Right after ``SetRole(ACTIVE)``: a token and its grant at once, not a round apart (a promoted

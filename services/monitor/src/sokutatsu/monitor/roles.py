@@ -20,7 +20,7 @@ from opentelemetry import trace
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.monitor.assignments import BrokerView
-from sokutatsu.monitor.broker_link import rpc_error_text
+from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS, rpc_error_text
 from sokutatsu.monitor.host import KeeperHost
 from sokutatsu.monitor.lease import LeaseKeeper
 from sokutatsu.monitor.pair import MAX_EPOCH, Held, RoleChange, decide_roles
@@ -150,30 +150,33 @@ class RoleKeeper:
             # Whatever failed, roles are decided again (the task's error is logged by Monitor.spawn).
             self.busy = False
 
+    def _failover_record(self, change: RoleChange, lost: str, decided_at: float) -> monitor_pb2.Switchover:
+        """The failover's record, with its DETECT step (from when no active was heard from)."""
+        since = self.no_active_since if self.no_active_since is not None else decided_at
+        record = monitor_pb2.Switchover(
+            id=f"fo-{uuid.uuid4().hex[:12]}",
+            from_broker_id=lost,
+            to_broker_id=change.broker_id,
+            reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
+            epoch=change.epoch,
+            started_unix_nano=unix_nano_at(since),
+        )
+        record.steps.append(
+            monitor_pb2.StepTiming(
+                step=monitor_pb2.SWITCHOVER_STEP_DETECT,
+                started_unix_nano=record.started_unix_nano,
+                duration_micros=round((decided_at - since) * 1e6),
+            )
+        )
+        return record
+
     async def _set_role(self, change: RoleChange, decided_at: float) -> None:
         links = self.monitor.links
         link = links[change.broker_id]
         role = broker_pb2.BrokerRole.Name(change.role).removeprefix("BROKER_ROLE_").lower()
         lost = self.last_active if self.last_active and self.last_active != change.broker_id else ""
         lost = lost or next((b for b in links if b != change.broker_id), "")
-        record: monitor_pb2.Switchover | None = None
-        if change.failover:
-            since = self.no_active_since if self.no_active_since is not None else decided_at
-            record = monitor_pb2.Switchover(
-                id=f"fo-{uuid.uuid4().hex[:12]}",
-                from_broker_id=lost,
-                to_broker_id=change.broker_id,
-                reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
-                epoch=change.epoch,
-                started_unix_nano=unix_nano_at(since),
-            )
-            record.steps.append(
-                monitor_pb2.StepTiming(
-                    step=monitor_pb2.SWITCHOVER_STEP_DETECT,
-                    started_unix_nano=record.started_unix_nano,
-                    duration_micros=round((decided_at - since) * 1e6),
-                )
-            )
+        record = self._failover_record(change, lost, decided_at) if change.failover else None
         name = "failover" if change.failover else "set_role"
         attributes: dict[str, str | int] = {
             "sokutatsu.broker": change.broker_id,
@@ -185,13 +188,20 @@ class RoleKeeper:
             attributes |= {"sokutatsu.from_broker": lost, "sokutatsu.to_broker": change.broker_id}
             attributes["sokutatsu.reason"] = "FAILOVER"
         log.warning("%s becomes %s at epoch %d: %s", change.broker_id, role, change.epoch, change.why)
+        # Before the call, whatever its answer: the broker may act on it and the answer be lost.
+        # Its epoch is never proposed again (two brokers active at one epoch), and a promoted
+        # broker counts as active until the call's deadline plus the grace it carries.
+        self.highest_epoch = max(self.highest_epoch, change.epoch)
+        lease_ms = 0
+        if change.role == broker_pb2.BROKER_ROLE_ACTIVE and self.leases is not None:
+            lease_ms = self.leases.promoting(change.broker_id, change.epoch, time.monotonic() + CONTROL_TIMEOUT_SECONDS)
         with tracer.start_as_current_span(name, attributes=attributes) as span:
             try:
                 if record is not None:
                     with timed_step(record, monitor_pb2.SWITCHOVER_STEP_PROMOTE):
-                        await link.set_role(change.role, change.epoch, change.peer)
+                        await link.set_role(change.role, change.epoch, change.peer, lease_ms)
                 else:
-                    await link.set_role(change.role, change.epoch, change.peer)
+                    await link.set_role(change.role, change.epoch, change.peer, lease_ms)
             except Exception as exc:  # noqa: BLE001 - recorded; decided again after a pause
                 text = f"SetRole({role}, epoch {change.epoch}) on {change.broker_id} failed: {rpc_error_text(exc)}"
                 log.warning("%s", text)
@@ -201,7 +211,6 @@ class RoleKeeper:
                 self.settle = (change.broker_id, change.epoch)
                 self.settle_until = time.monotonic() + ROLE_RETRY_SECONDS
             else:
-                self.highest_epoch = max(self.highest_epoch, change.epoch)
                 self.settle = (change.broker_id, change.epoch)
                 self.settle_until = time.monotonic() + max(
                     self.monitor.settings.failover_after, 5 * self.monitor.settings.stats_interval

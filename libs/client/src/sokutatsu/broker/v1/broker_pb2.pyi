@@ -1544,19 +1544,28 @@ class SetRoleRequest(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     PEER_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
     role: Global___BrokerRole.ValueType
     epoch: _builtins.int
     peer: _builtins.str
+    lease_ms: _builtins.int
+    """For ACTIVE in a monitored pair: a broker promoted by this call that hears
+    neither its peer nor a lease grant (RenewLease) within this many ms steps
+    down (10 to 60000; 0 = its peer timeout). The monitor sends its lease and
+    counts the broker as possibly active until the call's deadline plus this,
+    also when the answer is lost.
+    """
     def __init__(
         self,
         *,
         role: Global___BrokerRole.ValueType = ...,
         epoch: _builtins.int = ...,
         peer: _builtins.str = ...,
+        lease_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "peer", b"peer", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "lease_ms", b"lease_ms", "peer", b"peer", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
