@@ -141,6 +141,23 @@ def test_every_schedule_holds_the_required_faults_and_a_seed_gives_the_same_sche
     assert not sched.meets_minimum([s for s in sched.draw(7, 60.0) if s.kind != sched.CUT])
 
 
+def test_monitor_link_faults_are_added_without_changing_a_seeds_other_steps() -> None:
+    """One monitor-link fault per 20 s of length, from a random stream of their own: the other
+    steps of a seed stay as drawn before those faults existed (the tests' fixed seeds keep their
+    meaning), and none falls inside the migration group (slow, its fault, recover)."""
+    kinds: set[tuple[str, str]] = set()
+    for seed in range(200):
+        for seconds in (0.0, 30.0, 65.0):
+            steps = sched.draw(seed, seconds)
+            links = [s for s in steps if s.kind in sched.MONITOR_LINK_FAULTS]
+            assert len(links) == int(seconds // sched.MONITOR_LINK_EVERY)
+            assert [s for s in steps if s not in links] == sched.draw(seed, seconds, monitor_links=False)
+            slow = [s.kind for s in steps].index(sched.SLOW)
+            assert steps[slow + 2].kind == sched.RECOVER
+            kinds.update((s.kind, s.target) for s in links)
+    assert kinds == {(k, t) for k in sched.MONITOR_LINK_FAULTS for t in ("active", "standby")}
+
+
 def test_a_migration_overlaps_a_broker_fault_only_while_the_subscriber_is_away() -> None:
     moves = [
         {"t": 10.0, "subscriber": "slow", "reason": "SLOW", "error": ""},
@@ -209,6 +226,43 @@ async def test_the_proxy_forwards_both_ways_and_a_cut_drops_connections_until_he
         writer.close()
 
         proxy.heal()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"pong")
+        assert await asyncio.wait_for(reader.readexactly(4), 10) == b"pong"
+        writer.close()
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_muted_proxy_delivers_what_callers_send_and_drops_every_answer() -> None:
+    """A lost answer: the far side gets the call and acts on it, the caller hears nothing."""
+    got: list[bytes] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            got.append(data)
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = LinkProxy(f"127.0.0.1:{port}")
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        proxy.mute()
+        writer.write(b"grant")
+        while b"".join(got) != b"grant":  # noqa: ASYNC110 - bounded by the test's timeout
+            await asyncio.sleep(0.01)
+        writer.write(b"more")
+        while b"".join(got) != b"grantmore":  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        proxy.heal()  # the muted connection closes: its stream lost bytes
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         writer.write(b"pong")
         assert await asyncio.wait_for(reader.readexactly(4), 10) == b"pong"

@@ -4,13 +4,18 @@ Each broker is told ``SOKUTATSU_BROKER_PEER_LINK=<a proxy to the other>``, so th
 stream (watermarks and heartbeats) goes through it while clients and control calls go to the
 brokers directly. :meth:`LinkProxy.cut` closes every connection and drops new ones as soon as
 they are accepted until :meth:`LinkProxy.heal`: to each broker its peer looks gone, although
-both run.
+both run. The harness puts one more in front of each broker for the monitor's own calls
+(``SOKUTATSU_MONITOR_BROKER_LINKS``): a cut there leaves the broker running and serving its
+clients and peer, out of the monitor's reach. :meth:`LinkProxy.mute` instead forwards what
+the caller sends and drops every answer: the broker acts on the monitor's calls (a grant, a
+``SetRole``) while the monitor hears nothing back, a lost answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 CHUNK = 256 * 1024
 
@@ -22,6 +27,7 @@ class LinkProxy:
         self.target = target
         self.port = port
         self.is_cut = False
+        self.is_muted = False
         self.accepted = 0
         self.dropped = 0
         self._server: asyncio.Server | None = None
@@ -52,8 +58,16 @@ class LinkProxy:
         self.is_cut = True
         self._close_all()
 
+    def mute(self) -> None:
+        """Forward what callers send, drop what comes back, until :meth:`heal`."""
+        self.is_muted = True
+
     def heal(self) -> None:
+        """Forward both ways again; after a mute, connections close (their streams lost bytes)."""
+        if self.is_muted:
+            self._close_all()
         self.is_cut = False
+        self.is_muted = False
 
     def _close_all(self) -> None:
         for writer in list(self._writers):
@@ -79,8 +93,8 @@ class LinkProxy:
         self.accepted += 1
         self._writers.update((writer, up_writer))
         pumps = [
-            asyncio.create_task(self._pump(reader, up_writer)),
-            asyncio.create_task(self._pump(up_reader, writer)),
+            asyncio.create_task(self._pump(reader, up_writer, lambda: False)),
+            asyncio.create_task(self._pump(up_reader, writer, lambda: self.is_muted)),
         ]
         self._tasks.update(pumps)
         try:
@@ -95,8 +109,10 @@ class LinkProxy:
                 w.transport.abort()
 
     @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drop: Callable[[], bool]) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(CHUNK):
+                if drop():
+                    continue
                 writer.write(data)
                 await writer.drain()

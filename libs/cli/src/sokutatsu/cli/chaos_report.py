@@ -26,6 +26,8 @@ COLORS = {
     "kill-monitor": "#8c564b",
     "pause-monitor": "#c49c94",
     "cut": "#9467bd",
+    "cut-monitor": "#393b79",
+    "mute-monitor": "#6b6ecf",
     "flood": "#17becf",
     "slow": "#7f7f7f",
     "recover": "#bcbd22",

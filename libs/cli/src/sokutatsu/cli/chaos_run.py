@@ -2,7 +2,8 @@
 
 The broker pair and the monitor are started by the launcher's own :class:`Suite` (the
 topology's specs, on ports chosen here so a killed service comes back on the same port and
-state folder); the pair's link goes through two :class:`LinkProxy`; publishers and
+state folder); the pair's link goes through two :class:`LinkProxy`, and the monitor's calls
+to each broker through one more each (``SOKUTATSU_MONITOR_BROKER_LINKS``); publishers and
 subscribers are child processes using the SDK only (:mod:`sokutatsu.cli.chaos_client`).
 A poller asks both brokers ``GetRole`` every ``ROLE_POLL_SECONDS`` for the whole schedule.
 See docs/chaos.md for the failure model.
@@ -111,6 +112,8 @@ class Cluster:
         self.address = {name: f"127.0.0.1:{port}" for name, port in self.ports.items()}
         # to[x]: the proxy that leads to broker x (the other broker's PEER_LINK).
         self.to = {name: LinkProxy(self.address[name]) for name in BROKERS}
+        # monitor_to[x]: the proxy the monitor's own calls to broker x go through.
+        self.monitor_to = {name: LinkProxy(self.address[name]) for name in BROKERS}
         self.suite = Suite(folder / "suite", pg_dsn="", fixed_ports=True, grace_seconds=2.0)
         self.specs: dict[str, SuiteProcess] = {}
         self.running: dict[str, Running] = {}
@@ -120,7 +123,7 @@ class Cluster:
         self._channels: dict[str, aio.Channel] = {}
 
     async def start(self) -> None:
-        for proxy in self.to.values():
+        for proxy in (*self.to.values(), *self.monitor_to.values()):
             await proxy.start()
         base = {s.name: s for s in suite()}
         other = {"broker-a": "broker-b", "broker-b": "broker-a"}
@@ -132,10 +135,11 @@ class Cluster:
                 env["SOKUTATSU_BROKER_PEER_LINK"] = self.to[other[name]].address
             self.specs[name] = replace(base[name], fixed_port=self.ports[name], env=env, links={})
         brokers = ",".join(f"{n}={self.address[n]}" for n in BROKERS)
+        links = ",".join(f"{n}={self.monitor_to[n].address}" for n in BROKERS)
         self.specs["monitor"] = replace(
             base["monitor"],
             fixed_port=self.ports["monitor"],
-            env={**MONITOR_SETTINGS, "SOKUTATSU_MONITOR_BROKERS": brokers},
+            env={**MONITOR_SETTINGS, "SOKUTATSU_MONITOR_BROKERS": brokers, "SOKUTATSU_MONITOR_BROKER_LINKS": links},
             links={},
         )
         for name in (*BROKERS, "monitor"):
@@ -231,7 +235,7 @@ class Cluster:
         for channel in self._channels.values():
             await channel.close()
         results = await self.suite.stop()
-        for proxy in self.to.values():
+        for proxy in (*self.to.values(), *self.monitor_to.values()):
             await proxy.stop()
         return results
 
@@ -433,70 +437,104 @@ class ScheduleRun:
     async def _background(self, step: sched.Step) -> None:
         kind = step.kind
         if kind == sched.CUT:
-            async with self.lock("link"):
-                proxies = {"both": list(BROKERS), "to-a": ["broker-a"], "to-b": ["broker-b"]}[step.target]
-                t = self.now()
-                for p in proxies:
-                    self.cluster.to[p].cut()
-                await asyncio.sleep(step.duration)
-                for p in proxies:
-                    self.cluster.to[p].heal()
-                self.record(kind, step.target, t, duration=step.duration, effective=self.cluster.link_via_proxy)
+            await self._cut(step)
+        elif kind in sched.MONITOR_LINK_FAULTS:
+            await self._monitor_link(step)
         elif kind in (sched.KILL_MONITOR, sched.PAUSE_MONITOR):
-            async with self.lock("monitor"):
-                t = self.now()
-                started = time.monotonic()
-                if kind == sched.KILL_MONITOR:
-                    await self.cluster.kill("monitor")
-                    await asyncio.sleep(step.duration)
-                    await self.cluster.restart("monitor")
-                else:
-                    self.cluster.stop_process("monitor")
-                    try:
-                        await asyncio.sleep(step.duration)
-                    finally:
-                        self.cluster.continue_process("monitor")
-                self.record(kind, "monitor", t, duration=round(time.monotonic() - started, 3))
+            await self._monitor_fault(step)
         elif kind == sched.FLOOD:
-            async with self.lock("flood"):
-                name = await self.cluster.broker_with_role("active") or "broker-a"
-                t = self.now()
-                out = self.folder / "flood.jsonl"
-                cfg = {
-                    "role": "flood",
-                    "address": self.cluster.address[name],
-                    "topic": FLOOD_TOPIC,
-                    "count": self.cfg.flood_streams,
-                    "seconds": step.duration,
-                    "out": str(out),
-                    "log": str(self.folder / "flood.log"),
-                }
-                started = time.monotonic()
-                async with child_process("sokutatsu.cli.chaos_client", json.dumps(cfg), what="flood") as proc:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(proc.wait(), step.duration + 60)
-                records, _ = check.read_lines(out)
-                result: dict[str, Any] = next((r for r in reversed(records) if r.get("e") == "flood"), {})
-                self.record(
-                    kind,
-                    name,
-                    t,
-                    duration=round(time.monotonic() - started, 3),
-                    streams=self.cfg.flood_streams,
-                    accepted=result.get("accepted"),
-                    refused=result.get("refused"),
-                )
+            await self._flood(step)
         elif kind == sched.RESTART_PUBLISHER:
-            async with self.lock("publisher"):
-                client = self.publishers[step.target]
-                t = self.now()
-                await client.kill()
-                await client.stack.aclose()
+            await self._restart_publisher(step)
+
+    async def _cut(self, step: sched.Step) -> None:
+        kind = step.kind
+        async with self.lock("link"):
+            proxies = {"both": list(BROKERS), "to-a": ["broker-a"], "to-b": ["broker-b"]}[step.target]
+            t = self.now()
+            for p in proxies:
+                self.cluster.to[p].cut()
+            await asyncio.sleep(step.duration)
+            for p in proxies:
+                self.cluster.to[p].heal()
+            self.record(kind, step.target, t, duration=step.duration, effective=self.cluster.link_via_proxy)
+
+    async def _monitor_link(self, step: sched.Step) -> None:
+        kind = step.kind
+        async with self.lock("monitor-link"):
+            name = await self.cluster.broker_with_role(step.target) or BROKERS[hash((self.seed, step.delay)) % 2]
+            proxy = self.cluster.monitor_to[name]
+            t = self.now()
+            if kind == sched.CUT_MONITOR:
+                proxy.cut()
+            else:
+                proxy.mute()
+            try:
                 await asyncio.sleep(step.duration)
-                fresh = Client(client.name, client.cfg)
-                await fresh.start()
-                self.publishers[step.target] = fresh
-                self.record(kind, step.target, t, duration=step.duration)
+            finally:
+                proxy.heal()
+            self.record(kind, name, t, role=step.target, duration=step.duration)
+
+    async def _monitor_fault(self, step: sched.Step) -> None:
+        kind = step.kind
+        async with self.lock("monitor"):
+            t = self.now()
+            started = time.monotonic()
+            if kind == sched.KILL_MONITOR:
+                await self.cluster.kill("monitor")
+                await asyncio.sleep(step.duration)
+                await self.cluster.restart("monitor")
+            else:
+                self.cluster.stop_process("monitor")
+                try:
+                    await asyncio.sleep(step.duration)
+                finally:
+                    self.cluster.continue_process("monitor")
+            self.record(kind, "monitor", t, duration=round(time.monotonic() - started, 3))
+
+    async def _flood(self, step: sched.Step) -> None:
+        kind = step.kind
+        async with self.lock("flood"):
+            name = await self.cluster.broker_with_role("active") or "broker-a"
+            t = self.now()
+            out = self.folder / "flood.jsonl"
+            cfg = {
+                "role": "flood",
+                "address": self.cluster.address[name],
+                "topic": FLOOD_TOPIC,
+                "count": self.cfg.flood_streams,
+                "seconds": step.duration,
+                "out": str(out),
+                "log": str(self.folder / "flood.log"),
+            }
+            started = time.monotonic()
+            async with child_process("sokutatsu.cli.chaos_client", json.dumps(cfg), what="flood") as proc:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), step.duration + 60)
+            records, _ = check.read_lines(out)
+            result: dict[str, Any] = next((r for r in reversed(records) if r.get("e") == "flood"), {})
+            self.record(
+                kind,
+                name,
+                t,
+                duration=round(time.monotonic() - started, 3),
+                streams=self.cfg.flood_streams,
+                accepted=result.get("accepted"),
+                refused=result.get("refused"),
+            )
+
+    async def _restart_publisher(self, step: sched.Step) -> None:
+        kind = step.kind
+        async with self.lock("publisher"):
+            client = self.publishers[step.target]
+            t = self.now()
+            await client.kill()
+            await client.stack.aclose()
+            await asyncio.sleep(step.duration)
+            fresh = Client(client.name, client.cfg)
+            await fresh.start()
+            self.publishers[step.target] = fresh
+            self.record(kind, step.target, t, duration=step.duration)
 
     async def nemesis(self, steps: list[sched.Step]) -> None:
         for step in steps:

@@ -6,7 +6,11 @@ background, see docs/chaos.md). Every schedule holds at least two broker kills, 
 pause, one link cut, a slow subscriber that turns slow shortly before one of those broker
 faults (so the monitor has migrated it when the fault hits) and recovers later, a subscriber
 reopening with its position and a publisher restarting with its id. Extra steps (more of
-those, monitor kills and pauses, stream floods) fill the schedule up to its length.
+those, monitor kills and pauses, stream floods) fill the schedule up to its length. Faults on
+the monitor's own link to a broker (one per :data:`MONITOR_LINK_EVERY` seconds of length) are
+drawn from a random stream of their own and inserted between the other steps, so a seed's
+other steps are the ones it drew before those faults existed (the fixed schedules of the
+tests keep their meaning).
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ SLOW = "slow"  # the slow subscriber turns slow (the monitor migrates it)
 RECOVER = "recover"  # the slow subscriber reads as fast as it can again
 REOPEN = "reopen"  # a subscriber closes, waits `duration`, reopens with its stored position
 RESTART_PUBLISHER = "restart-publisher"  # kill -9 a publisher, restart it with its id after `duration`
+# The monitor's link to a broker (`target`: active or standby, resolved when taken), for `duration`:
+CUT_MONITOR = "cut-monitor"  # closed and refused: the broker runs on, out of the monitor's reach
+MUTE_MONITOR = "mute-monitor"  # calls arrive, answers are dropped: the broker acts, the monitor never hears
+MONITOR_LINK_FAULTS = (CUT_MONITOR, MUTE_MONITOR)
+# One monitor-link fault per this many seconds of schedule length.
+MONITOR_LINK_EVERY = 20.0
 
 BROKER_FAULTS = (KILL, PAUSE)
 # The other extra steps: kind -> (target, shortest and longest duration).
@@ -79,8 +89,9 @@ def occupies(step: Step) -> float:
     return step.delay + _OCCUPIES.get(step.kind, 0.0) + (step.duration if step.kind in BROKER_FAULTS else 0.0)
 
 
-def draw(seed: int, seconds: float) -> list[Step]:
-    """The schedule of ``seed``, about ``seconds`` long (never shorter than its required steps)."""
+def draw(seed: int, seconds: float, *, monitor_links: bool = True) -> list[Step]:
+    """The schedule of ``seed``, about ``seconds`` long (never shorter than its required steps);
+    without the monitor-link faults when ``monitor_links`` is false."""
     rng = random.Random(seed)  # noqa: S311 - a reproducible schedule, not security
     # The migration group: slow, a broker fault once the monitor has moved the subscriber, recover.
     overlap_kind = rng.choice(BROKER_FAULTS)
@@ -110,6 +121,27 @@ def draw(seed: int, seconds: float) -> list[Step]:
     steps: list[Step] = []
     for unit in units:
         steps.extend(unit if isinstance(unit, list) else [unit])
+    return _with_monitor_link_faults(steps, seed, seconds) if monitor_links else steps
+
+
+def _with_monitor_link_faults(steps: list[Step], seed: int, seconds: float) -> list[Step]:
+    """``steps`` with the monitor-link faults of ``seed`` inserted (never inside the migration group)."""
+    rng = random.Random(f"monitor-links-{seed}")  # noqa: S311 - a reproducible schedule, not security
+    steps = list(steps)
+    for _ in range(int(seconds // MONITOR_LINK_EVERY)):
+        step = Step(
+            rng.choice(MONITOR_LINK_FAULTS),
+            rng.choice(("active", "standby")),
+            round(rng.uniform(0.5, 3.0), 2),
+            round(rng.uniform(1.0, 5.0), 2),
+        )
+        inside, allowed = False, []
+        for i, s in enumerate(steps):
+            if not inside:
+                allowed.append(i)
+            inside = (inside or s.kind == SLOW) and s.kind != RECOVER
+        allowed.append(len(steps))
+        steps.insert(rng.choice(allowed), step)
     return steps
 
 

@@ -65,13 +65,16 @@ class BrokerLink:
         interval: float,
         stale_after: float,
         on_update: Callable[[], None],
+        *,
+        link: str = "",
     ) -> None:
         self.broker_id = endpoint.broker_id
+        # For subscribers and the peer; the monitor's own calls go to ``link`` (default: the same).
         self.address = endpoint.address
         self.interval = interval
         self.stale_after = stale_after
         self._on_update = on_update
-        self.channel = open_channel(endpoint.address, options=CHANNEL_OPTIONS, cluster=True)
+        self.channel = open_channel(link or endpoint.address, options=CHANNEL_OPTIONS, cluster=True)
         self.admin = broker_pb2_grpc.BrokerAdminStub(self.channel)
         self.control = broker_pb2_grpc.BrokerControlStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

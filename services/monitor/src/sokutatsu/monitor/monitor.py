@@ -74,7 +74,10 @@ class Monitor:
         self.settings = settings
         interval = settings.stats_interval
         stale = min(max(5 * interval, 0.5), settings.failover_after)
-        self.links = {e.broker_id: BrokerLink(e, interval, stale, self.tell_watchers) for e in settings.brokers}
+        self.links = {
+            e.broker_id: BrokerLink(e, interval, stale, self.tell_watchers, link=settings.link_of(e.broker_id))
+            for e in settings.brokers
+        }
         self.view: dict[SubKey, Served] = {}
         self.measures: dict[SubKey, Measures] = {}
         self.running: dict[SubKey, monitor_pb2.Switchover] = {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sokutatsu.core.runtime_settings import SMALL_REQUESTS, ServiceSettings, request_setting
-from sokutatsu.core.settings import SettingsError, parse_address, parse_bool, parse_name, setting
+from sokutatsu.core.settings import SettingsError, named_addresses, parse_address, parse_bool, parse_name, setting
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,14 @@ class MonitorSettings(ServiceSettings):
         DEFAULT_BROKERS,
         "The broker pair to watch, as id=host:port,id=host:port; each id is that broker's SOKUTATSU_BROKER_INSTANCE.",
         parse_brokers,
+    )
+    broker_links: tuple[tuple[str, str], ...] = setting(
+        "BROKER_LINKS",
+        (),
+        "Where the monitor's own calls to a broker go, as id=host:port,... (a management network, a proxy); "
+        "a broker not named here is called at its SOKUTATSU_MONITOR_BROKERS address, which is also the one "
+        "subscribers are redirected to and brokers are told for their peer.",
+        lambda raw: named_addresses(raw, "broker"),
     )
     stats_interval_ms: int = setting(
         "STATS_INTERVAL_MS",
@@ -202,6 +210,20 @@ class MonitorSettings(ServiceSettings):
     recent_switchovers: int = setting(
         "RECENT_SWITCHOVERS", 100, "How many recent switchovers (and failovers) the monitor keeps.", parse_recent
     )
+
+    def __post_init__(self) -> None:
+        ids = [e.broker_id for e in self.brokers]
+        for broker_id, _ in self.broker_links:
+            if broker_id not in ids:
+                raise SettingsError(
+                    f"SOKUTATSU_MONITOR_BROKER_LINKS names {broker_id!r}, which is not a broker of "
+                    f"SOKUTATSU_MONITOR_BROKERS ({', '.join(ids)})"
+                )
+
+    def link_of(self, broker_id: str) -> str:
+        """Where the monitor's calls to ``broker_id`` go (``BROKER_LINKS``, else its address)."""
+        links = dict(self.broker_links)
+        return links.get(broker_id) or next(e.address for e in self.brokers if e.broker_id == broker_id)
 
     @property
     def stats_interval(self) -> float:
