@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sokutatsu.broker.catalog import Catalog, TopicSpec, load_catalog, save_catalog
 from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.key_index import KeyIndex
 from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_name
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
@@ -55,9 +56,9 @@ class Topic:
     spec: TopicSpec
     usage: Usage
     queues: dict[str, SubscriptionQueue] = field(default_factory=dict)
-    # The queues as a list, for the publish loop, and whether none of them filters keys.
+    # The queues as a list, and by the keys they take (the publish loop's routing).
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
-    unfiltered: bool = True
+    index: KeyIndex[SubscriptionQueue] = field(default_factory=lambda: KeyIndex([]))
     # Per publisher that published on this topic, its last sequence number this broker took (of
     # any topic: a publisher's numbers run across its topics). A new queue holds what comes after.
     published: dict[str, int] = field(default_factory=dict)
@@ -69,7 +70,7 @@ class Topic:
 
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
-        self.unfiltered = all(not q.spec.filtered for q in self.queue_list)
+        self.index = KeyIndex(self.queue_list)
 
 
 @dataclass
@@ -606,8 +607,7 @@ class Broker:
         """The queues ``m`` goes to. refuse_publish: a persistent message for a full queue is
         refused (with the rest of its batch, go-back-N); a non-persistent one is not kept for the
         full queues."""
-        queues = topic.queue_list
-        matching = queues if topic.unfiltered else [q for q in queues if q.spec.matches(m.key)]
+        matching = topic.index.matching(m.key)
         blocked = [q for q in matching if q in full] if full else []
         if not blocked:
             return matching, None
