@@ -252,6 +252,10 @@ async def test_a_publish_made_just_after_the_active_died_is_acknowledged_by_the_
     survivor = await stats(pair.standby.address)
     assert not survivor.peer_up
     assert survivor.published_total == 201
+    # It holds everything acknowledged and knew the peer's holdings: caught up, its peer silent or
+    # not (a monitor promotes a caught-up standby at once; it said false here and waited 10 s).
+    assert survivor.caught_up
+    assert survivor.queues_behind == 0
 
 
 async def test_kill9_of_the_standby_serving_a_caught_up_subscriber_loses_nothing(

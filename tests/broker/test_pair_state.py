@@ -123,6 +123,7 @@ class PairRoles(RuleBasedStateMachine):
         assert self.state.role == STANDBY
         assert self.state.epoch == epoch
         assert not self.state.synced
+        assert not self.state.has_holdings  # a restarted broker is not caught up (chaos seed 4242)
         self.holdings_for = -1
         self.peer_session = 0
         self.epoch_before = epoch
@@ -154,6 +155,12 @@ class PairRoles(RuleBasedStateMachine):
         if self.state.synced:
             assert self.state.peer_up
             assert self.holdings_for == self.peer_session > 0
+
+    @invariant()
+    def the_peers_last_holdings_count_also_once_it_is_silent(self) -> None:
+        """What ``caught_up`` rests on: the holdings of the peer's last session, heard now or not
+        (a standby whose active died is caught up; the monitor promotes it at once)."""
+        assert self.state.has_holdings == (self.holdings_for == self.peer_session > 0)
 
 
 TestPairRoles = PairRoles.TestCase

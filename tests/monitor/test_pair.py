@@ -163,3 +163,33 @@ def test_a_standby_that_is_not_caught_up_waits_longer_for_an_active_that_may_onl
     change = decide_roles([slow, B], now=11.2, **kwargs)  # type: ignore[arg-type]
     assert isinstance(change, RoleChange)
     assert change.broker_id == "broker-b"
+
+
+def test_of_two_standbys_the_one_that_holds_what_was_acknowledged_is_promoted_over_a_higher_epoch() -> None:
+    """Chaos seed 4242: broker-a, active at epoch 2, was killed; broker-b (epoch 1: a standby's
+    epoch follows no frame) held everything acknowledged. broker-a came back, standby at its
+    recorded epoch 2 with nothing in memory (not caught up: it has not had its peer's holdings),
+    and the monitor promoted it for its higher epoch: pub-2's message 4290, acknowledged on both,
+    reached the subscriber as a gap. The caught-up standby goes first; the epoch only breaks ties."""
+    restarted = replace(A, role=STANDBY, epoch=2, caught_up=False, up_since=9.0)
+    holds = replace(B, epoch=1, caught_up=True)
+    kwargs = {"no_active_since": 4.0, "failover_after": 1.0, "highest_epoch": 2, "failover_behind_after": 10.0}
+    change = decide_roles([restarted, holds], now=5.0, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(change, RoleChange)
+    assert (change.broker_id, change.role, change.epoch) == ("broker-b", ACTIVE, 3)
+
+
+def test_two_standbys_neither_caught_up_wait_for_their_holdings_before_one_is_promoted() -> None:
+    """Both answer and neither is caught up (they have not yet exchanged their holdings): the
+    promotion waits FAILOVER_BEHIND_AFTER_SECONDS for one to be, as when the active is silent."""
+    a, b = replace(A, role=STANDBY, epoch=2, caught_up=False), replace(B, caught_up=False)
+    kwargs = {"no_active_since": 4.0, "failover_after": 1.0, "highest_epoch": 2, "failover_behind_after": 10.0}
+    held = decide_roles([a, b], now=5.0, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(held, Held)
+    assert (held.kind, held.broker_id) == ("behind", "broker-a")
+    change = decide_roles([a, replace(b, caught_up=True)], now=5.0, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(change, RoleChange)
+    assert change.broker_id == "broker-b"
+    change = decide_roles([a, b], now=14.5, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(change, RoleChange)
+    assert change.broker_id == "broker-a"  # the wait is over: the higher epoch

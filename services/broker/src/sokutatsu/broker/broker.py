@@ -911,8 +911,13 @@ class Broker:
 
     @property
     def caught_up(self) -> bool:
-        """Whether this broker holds every message its durable subscribers have not acknowledged."""
-        return (not self.peer or self.pair.synced) and self.queues_behind == 0
+        """Whether this broker holds every message its durable subscribers have not acknowledged,
+        as far as it knows: it had its peer's holdings of the peer's last session, and no queue
+        lacks a message. It stays so when the peer goes silent (a standby whose active died holds
+        what was acknowledged; the monitor promotes it at once), and is not so after a restart
+        until the peer's holdings arrive (chaos seed 4242: a restarted broker, empty, was promoted
+        over a standby that held everything)."""
+        return (not self.peer or self.pair.has_holdings) and self.queues_behind == 0
 
     @property
     def queues_behind(self) -> int:

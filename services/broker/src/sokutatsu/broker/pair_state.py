@@ -216,8 +216,16 @@ class PairState:
 
     @property
     def synced(self) -> bool:
-        """Whether this broker has the peer's holdings of its current session (invariant 4)."""
-        return self.peer_up and self.peer_session > 0 and self.holdings_session == self.peer_session
+        """Whether this broker hears the peer and has its holdings of its current session (invariant 4)."""
+        return self.peer_up and self.has_holdings
+
+    @property
+    def has_holdings(self) -> bool:
+        """Whether this broker got the peer's holdings of the peer's last session, heard now or not:
+        it then knows of everything the peer acknowledged alone before it stopped hearing it
+        (while the peer hears it, the peer acknowledges nothing alone). A restarted broker has
+        none until the peer's first frame."""
+        return self.peer_session > 0 and self.holdings_session == self.peer_session
 
     def learn_peer(self, address: str, why: str) -> None:
         """A peer address from a frame or the monitor; a configured one is kept."""

@@ -13,11 +13,15 @@ Pure rules over what the monitor sees (time passed in):
   broker said it is shutting down (health not SERVING). And it waits until the lost active's
   lease has lapsed on the monitor's clock (``lease.py``; in a monitored pair the active may
   acknowledge alone until then, and steps down then if it hears nobody), or the monitor saw it
-  standby. A standby that is not caught up (``BrokerStats.caught_up`` false: it lacks messages
-  the lost active may hold alone, which promoting it would lose) is promoted only after
-  ``failover_behind_after`` without an active, so an active that is slow, not dead, is not
-  replaced by a broker without its messages (chaos seed 1964 under load: 2,111 acknowledged
-  messages lost to a gap); a caught-up standby after ``failover_after``.
+  standby. Of two standbys the caught-up one (``BrokerStats.caught_up``: it holds every message
+  its subscribers have not acknowledged) is promoted, then the higher epoch: a restarted broker
+  comes back with nothing in memory at its recorded epoch, and promoting it over the standby
+  that held everything lost what was acknowledged (chaos seed 4242). A standby that is not
+  caught up (it may lack messages the other holds, which promoting it would lose) is promoted
+  only after ``failover_behind_after`` without an active, so an active that is slow, not dead,
+  is not replaced by a broker without its messages (chaos seed 1964 under load: 2,111
+  acknowledged messages lost to a gap), and two standbys that answer get that long to exchange
+  their holdings; a caught-up standby after ``failover_after``.
 * **One active**: when both report ``ACTIVE`` (a broker came back as active after the
   standby was promoted), the one with the lower epoch is demoted; on equal epochs, the one
   that came back last.
@@ -135,7 +139,10 @@ def _decide(
     if not standbys:
         return None
     order = {m.broker_id: i for i, m in enumerate(members)}
-    chosen = max(standbys, key=lambda m: (m.epoch, -m.up_since, -order[m.broker_id]))
+    # The caught-up one first (it holds what was acknowledged; a restarted broker has nothing in
+    # memory, whatever epoch it recorded: chaos seed 4242), then the higher epoch, the one up
+    # longer, the first configured.
+    chosen = max(standbys, key=lambda m: (m.caught_up, m.epoch, -m.up_since, -order[m.broker_id]))
     other = next((m for m in members if m is not chosen), None)
     gone = f"{other.broker_id} has not answered as active" if other is not None else "no broker answers as active"
     why = f"{gone} for {now - no_active_since:.2f}s"
@@ -176,13 +183,15 @@ def _wait(
             f"{why}, but {other.broker_id} may still hold the monitor's lease for {over - now:.2f}s (it may "
             f"acknowledge publishes alone until then): {chosen.broker_id} is promoted once it lapsed",
         )
-    if not other.reachable and not chosen.caught_up and behind_for > 0 and epoch <= MAX_EPOCH:
+    if not chosen.caught_up and behind_for > 0 and epoch <= MAX_EPOCH:
+        # Chosen first when caught up, so the other is not caught up either (or does not answer).
+        unless = "answers" if not other.reachable else "or it is caught up"
         return Held(
             "behind",
             chosen.broker_id,
-            f"{why}, but {chosen.broker_id} is not caught up: it lacks messages {other.broker_id} may hold "
-            f"alone, which promoting it would lose (its subscribers told of a gap); promoted in "
-            f"{behind_for:.2f}s unless {other.broker_id} answers (FAILOVER_BEHIND_AFTER_SECONDS)",
+            f"{why}, but {chosen.broker_id} is not caught up: it may lack messages {other.broker_id} "
+            f"holds, which promoting it would lose (its subscribers told of a gap); promoted in "
+            f"{behind_for:.2f}s unless {other.broker_id} {unless} (FAILOVER_BEHIND_AFTER_SECONDS)",
         )
     return None
 

@@ -1249,7 +1249,9 @@ class BrokerStats(_message.Message):
     caught_up: _builtins.bool
     """Whether this broker holds, for every durable subscription, every
     message its subscriber has not acknowledged: it has its peer's holdings
-    for the current session, and no queue lacks a message after the
+    of the peer's last session (heard now or not: it stays true when the peer
+    goes silent; a restarted broker is false until the peer's holdings
+    arrive), and no queue lacks a message after the
     subscriber's acknowledged position (a hole left while this broker was
     away, or an away copy trimmed to its tail). Losing the peer while this is
     false loses what only the peer held (the SDK reports it as a gap).
