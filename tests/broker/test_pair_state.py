@@ -254,12 +254,9 @@ def test_an_unreadable_pair_file_is_ignored_with_a_warning(tmp_path: Path, caplo
     assert "ignoring" in caplog.text
 
 
-def test_a_broker_that_stepped_down_for_its_lease_is_made_active_again_only_by_the_monitor(tmp_path: Path) -> None:
-    """Chaos seed 2630 (loaded machine): broker-b, active at epoch 1, paused past its lease, stepped
-    down; broker-a's next frame (standby, epoch 1) made it active again while the monitor was
-    promoting broker-a at epoch 2: both answered ACTIVE for 0.1 s. A frame must not do that."""
-    now = [0.0]
-    state = PairState.load(
+def _monitored_standby(tmp_path: Path, now: list[float]) -> PairState:
+    """broker-b, standby in a monitored pair, on the clock ``now[0]``."""
+    return PairState.load(
         instance="broker-b",
         role="standby",
         peer="127.0.0.1:7201",
@@ -269,6 +266,14 @@ def test_a_broker_that_stepped_down_for_its_lease_is_made_active_again_only_by_t
         monitored=True,
         clock=lambda: now[0],
     )
+
+
+def test_a_broker_that_stepped_down_for_its_lease_is_made_active_again_only_by_the_monitor(tmp_path: Path) -> None:
+    """Chaos seed 2630 (loaded machine): broker-b, active at epoch 1, paused past its lease, stepped
+    down; broker-a's next frame (standby, epoch 1) made it active again while the monitor was
+    promoting broker-a at epoch 2: both answered ACTIVE for 0.1 s. A frame must not do that."""
+    now = [0.0]
+    state = _monitored_standby(tmp_path, now)
     state.set_by_monitor(ACTIVE, 1)  # promoted; then no lease and no peer
     state.heard(1, False)
     now[0] += 10 * PEER_TIMEOUT
@@ -290,16 +295,7 @@ def test_a_broker_promoted_by_the_monitor_steps_down_after_the_grace_the_call_ca
     the other broker. So a promoted broker that hears neither its peer nor a grant within it
     steps down (0: within its peer timeout), never later than the monitor counts."""
     now = [0.0]
-    state = PairState.load(
-        instance="broker-b",
-        role="standby",
-        peer="127.0.0.1:7201",
-        peer_link="",
-        peer_timeout=PEER_TIMEOUT,
-        state_dir=tmp_path,
-        monitored=True,
-        clock=lambda: now[0],
-    )
+    state = _monitored_standby(tmp_path, now)
     now[0] += 10 * PEER_TIMEOUT  # the peer is gone
     assert state.set_by_monitor(ACTIVE, 2, grace)
     end = grace or PEER_TIMEOUT

@@ -6,7 +6,9 @@ Each kind of violation has a history that shows it, so a checker that stopped se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sokutatsu.cli import chaos_check as check
@@ -202,9 +204,14 @@ def test_violations_name_each_broken_promise_and_the_html_stands_alone() -> None
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-async def test_the_proxy_forwards_both_ways_and_a_cut_drops_connections_until_healed() -> None:
+@contextlib.asynccontextmanager
+async def _proxied_echo(got: list[bytes] | None = None) -> AsyncIterator[LinkProxy]:
+    """A LinkProxy in front of an echo server (which records what it gets in ``got``)."""
+
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(1024):
+            if got is not None:
+                got.append(data)
             writer.write(data)
             await writer.drain()
         writer.close()
@@ -214,6 +221,15 @@ async def test_the_proxy_forwards_both_ways_and_a_cut_drops_connections_until_he
     proxy = LinkProxy(f"127.0.0.1:{port}")
     await proxy.start()
     try:
+        yield proxy
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_proxy_forwards_both_ways_and_a_cut_drops_connections_until_healed() -> None:
+    async with _proxied_echo() as proxy:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         writer.write(b"ping")
         assert await asyncio.wait_for(reader.readexactly(4), 10) == b"ping"
@@ -230,28 +246,12 @@ async def test_the_proxy_forwards_both_ways_and_a_cut_drops_connections_until_he
         writer.write(b"pong")
         assert await asyncio.wait_for(reader.readexactly(4), 10) == b"pong"
         writer.close()
-    finally:
-        await proxy.stop()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_muted_proxy_delivers_what_callers_send_and_drops_every_answer() -> None:
     """A lost answer: the far side gets the call and acts on it, the caller hears nothing."""
     got: list[bytes] = []
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(1024):
-            got.append(data)
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    proxy = LinkProxy(f"127.0.0.1:{port}")
-    await proxy.start()
-    try:
+    async with _proxied_echo(got) as proxy:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         proxy.mute()
         writer.write(b"grant")
@@ -267,7 +267,3 @@ async def test_a_muted_proxy_delivers_what_callers_send_and_drops_every_answer()
         writer.write(b"pong")
         assert await asyncio.wait_for(reader.readexactly(4), 10) == b"pong"
         writer.close()
-    finally:
-        await proxy.stop()
-        server.close()
-        await server.wait_closed()

@@ -110,25 +110,12 @@ class RoleKeeper:
     def _observed_failover(self, lost: str, active: BrokerView, now: float) -> None:
         """The standby became active without the monitor (it promotes itself when its peer is gone)."""
         since = self.monitor.links[lost].last_ok or now
-        started = unix_nano_at(since)
-        record = monitor_pb2.Switchover(
-            id=f"fo-{uuid.uuid4().hex[:12]}",
-            from_broker_id=lost,
-            to_broker_id=active.broker_id,
-            reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
-            epoch=active.epoch,
-            started_unix_nano=started,
-            total_micros=round((now - since) * 1e6),
-            finished=True,
-            note=(
-                f"{active.broker_id} became active by itself (epoch {active.epoch}) after {lost} stopped "
-                "answering; DETECT is until the monitor saw it"
-            ),
-        )
-        record.steps.append(
-            monitor_pb2.StepTiming(
-                step=monitor_pb2.SWITCHOVER_STEP_DETECT, started_unix_nano=started, duration_micros=record.total_micros
-            )
+        record = _failover(lost, active.broker_id, active.epoch, since, now)
+        record.total_micros = record.steps[0].duration_micros
+        record.finished = True
+        record.note = (
+            f"{active.broker_id} became active by itself (epoch {active.epoch}) after {lost} stopped "
+            "answering; DETECT is until the monitor saw it"
         )
         with tracer.start_as_current_span(
             "failover",
@@ -153,22 +140,7 @@ class RoleKeeper:
     def _failover_record(self, change: RoleChange, lost: str, decided_at: float) -> monitor_pb2.Switchover:
         """The failover's record, with its DETECT step (from when no active was heard from)."""
         since = self.no_active_since if self.no_active_since is not None else decided_at
-        record = monitor_pb2.Switchover(
-            id=f"fo-{uuid.uuid4().hex[:12]}",
-            from_broker_id=lost,
-            to_broker_id=change.broker_id,
-            reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
-            epoch=change.epoch,
-            started_unix_nano=unix_nano_at(since),
-        )
-        record.steps.append(
-            monitor_pb2.StepTiming(
-                step=monitor_pb2.SWITCHOVER_STEP_DETECT,
-                started_unix_nano=record.started_unix_nano,
-                duration_micros=round((decided_at - since) * 1e6),
-            )
-        )
-        return record
+        return _failover(lost, change.broker_id, change.epoch, since, decided_at)
 
     async def _set_role(self, change: RoleChange, decided_at: float) -> None:
         links = self.monitor.links
@@ -227,3 +199,24 @@ class RoleKeeper:
                     record.finished = True
                     self.monitor.recent.appendleft(record)
                 self.monitor.tell_watchers()
+
+
+def _failover(lost: str, to: str, epoch: int, since: float, detected: float) -> monitor_pb2.Switchover:
+    """A failover's record from ``lost`` to ``to``: its DETECT step from ``since`` (the last sign
+    of the lost active) to ``detected`` (monotonic times)."""
+    record = monitor_pb2.Switchover(
+        id=f"fo-{uuid.uuid4().hex[:12]}",
+        from_broker_id=lost,
+        to_broker_id=to,
+        reason=monitor_pb2.SWITCHOVER_REASON_FAILOVER,
+        epoch=epoch,
+        started_unix_nano=unix_nano_at(since),
+    )
+    record.steps.append(
+        monitor_pb2.StepTiming(
+            step=monitor_pb2.SWITCHOVER_STEP_DETECT,
+            started_unix_nano=record.started_unix_nano,
+            duration_micros=round((detected - since) * 1e6),
+        )
+    )
+    return record
