@@ -50,6 +50,9 @@ class ModelBroker:
     gate: asyncio.Event | None = None
     # Calls whose answer is lost after the broker acted on them (the caller sees DEADLINE_EXCEEDED).
     lose_answer: set[str] = field(default_factory=set)
+    # RenewLease: the last token made, and how many grants applied.
+    token: int = 0
+    grants: int = 0
 
     @property
     def address(self) -> str:
@@ -133,6 +136,20 @@ class StubAdapter:
 
     async def ReleaseSubscriber(self, request: Any, **_: Any) -> broker_pb2.ReleaseSubscriberResponse:  # noqa: N802 - the stub's names
         return await self.model.release(request.switchover_id, request.subscriber_id, request.topic)
+
+    async def RenewLease(self, request: Any, **_: Any) -> broker_pb2.RenewLeaseResponse:  # noqa: N802 - the stub's names
+        """A grant applies to the last token while active at the epoch named (pair_state.py ``grant``)."""
+        model = self.model
+        if "renew_lease" in model.fail:  # not among `calls`: it comes every round
+            raise model.fail["renew_lease"]
+        active = model.role == "active"
+        granted = bool(request.grant) and request.grant == model.token and active and request.epoch == model.epoch
+        model.grants += granted
+        model.token += 1
+        role = broker_pb2.BROKER_ROLE_ACTIVE if active else broker_pb2.BROKER_ROLE_STANDBY
+        return broker_pb2.RenewLeaseResponse(
+            token=model.token, granted=granted, role=role, epoch=model.epoch, monitored=True
+        )
 
     async def SetRole(self, request: Any, **_: Any) -> broker_pb2.RoleInfo:  # noqa: N802 - the stub's names
         """Fenced by epoch as the broker fences it (pair_state.py ``set_by_monitor``)."""

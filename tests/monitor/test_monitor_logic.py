@@ -147,6 +147,17 @@ class Harness:
         self.silent.add(broker_id)
         self.monitor.links[broker_id].down = True
         self.monitor.links[broker_id].error = "statistics stream: UNAVAILABLE: connection refused"
+        # Its lease renewals fail too, as they do when the monitor does not reach it.
+        refused = rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        model = self.models[broker_id]
+        if isinstance(model, ModelBroker):
+            model.fail["renew_lease"] = refused
+        else:
+
+            async def unreachable(request: Any, **_: Any) -> broker_pb2.RenewLeaseResponse:
+                raise refused
+
+            self.monitor.links[broker_id].control.RenewLease = unreachable  # type: ignore[assignment]
 
     async def ticks_until(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + LIMIT_SECONDS
@@ -206,6 +217,8 @@ async def harness(
         stub = h.stubs[broker_id] = StubAdapter(model) if isinstance(model, ModelBroker) else RealStubAdapter(model)
         for name in ("GetSwitchPosition", "AcceptSubscriber", "RedirectSubscriber", "ReleaseSubscriber", "SetRole"):
             monkeypatch.setattr(link.control, name, getattr(stub, name))
+        if real is None:  # a real broker answers RenewLease itself
+            monkeypatch.setattr(link.control, "RenewLease", stub.RenewLease)
         monkeypatch.setattr(link.admin, "ListSubscriptions", stub.ListSubscriptions)
     try:
         async with asyncio.TaskGroup() as group:
@@ -390,6 +403,28 @@ async def test_a_promotion_whose_answer_was_lost_never_leaves_two_actives(harnes
     await h.ticks_until(promoted, "broker-a's promotion")
     assert h.stubs["broker-a"].roles == [(ACTIVE, sent.epoch + 1, h.address("broker-b"))]
     assert ("lease", "broker-a") in held, "broker-a was promoted while broker-b's promotion could still hold"
+
+
+@pytest.mark.parametrize("side", ["model"])  # only the harness holds statistics back while calls are answered
+async def test_a_promoted_broker_whose_statistics_lag_keeps_its_lease(harness: Harness) -> None:
+    """Chaos seed 1964 on a loaded machine: the monitor promoted broker-b and granted it a lease,
+    but broker-b's statistics lagged (still STANDBY, then stale), and the monitor renews only the
+    broker its statistics call active: the lease lapsed, broker-b (not hearing broker-a) stepped
+    down, the monitor promoted it again, and so on every 1.5-5 s for a minute (epochs 12 to 25),
+    a subscriber stranded on a standby meanwhile. The broker's own RenewLease answer says it is
+    active, fresher than its statistics: the monitor renews and grants on it."""
+    h = harness
+    _normal_pair(h)
+    b = h.models["broker-b"]
+    assert isinstance(b, ModelBroker)
+    h.kill("broker-a")
+    await h.ticks_until(lambda: b.role == "active" and b.grants > 0, "broker-b promoted and granted its lease")
+    h.silent.add("broker-b")  # its statistics stop (lag); calls to it are still answered
+    link = h.monitor.links["broker-b"]
+    await h.ticks_until(lambda: not link.reachable(), "broker-b's statistics to go stale")
+    granted = b.grants
+    await h.ticks_until(lambda: b.grants >= granted + 3, "renewals while broker-b's statistics are silent")
+    assert h.stubs["broker-b"].roles == [(ACTIVE, 2, h.address("broker-a"))]  # promoted once
 
 
 async def test_an_active_only_the_monitor_lost_is_not_failed_over(harness: Harness) -> None:

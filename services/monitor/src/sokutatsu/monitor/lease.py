@@ -2,21 +2,22 @@
 
 In a monitored pair (``SOKUTATSU_BROKER_MONITORED``) an active that does not hear its peer
 acknowledges publishes alone only under this lease, and the monitor promotes the standby only
-once the old active's lease has lapsed: so two brokers never acknowledge alone at once, and
-the one cut off from both its peer and the monitor steps down before its peer is promoted.
+once the old active's lease has lapsed: so two brokers never acknowledge alone at once, and the
+one cut off from both its peer and the monitor steps down before its peer is promoted.
 
 Each round (the stats interval) the monitor calls ``RenewLease`` on every reachable broker that
-reports ``ACTIVE``. The call grants the token the broker gave in its previous answer and takes
-a new one. The broker counts the lease (``LEASE_MS``) from when it made the token; the monitor
-from when it received the answer that carried it, which is later. The monitor records that end
-*before* it sends the grant (a grant that arrives late, or whose answer is lost, is covered),
-and counts a lease as over only :func:`margin` after it (clock-rate differences, an
-acknowledgement already on its way).
+reports ``ACTIVE``, and on a broker whose own last ``RenewLease`` answer, newer than its
+statistics and within a lease, said ``ACTIVE`` (statistics lag under load). The call grants the
+token the broker gave in its previous answer and takes a new one. The broker counts the lease
+(``LEASE_MS``) from when it made the token; the monitor from when it received the answer that
+carried it, which is later. The monitor records that end *before* it sends the grant (a grant
+that arrives late, or whose answer is lost, is covered), and counts a lease as over only
+:func:`margin` after it (clock-rate differences, an acknowledgement already on its way).
 
 A grant goes only to the broker the monitor holds active (reachable, ``ACTIVE``, the higher
-epoch), at the epoch its token was made at, and only while no other broker may hold a lease.
-A broker seen answering ``STANDBY`` at (or after) the epoch it was last promoted at holds none
-(a role change ends a lease on the broker, and a lease is granted again only at a newer epoch).
+epoch), at the epoch its token was made at, and only while no other broker may hold a lease. A
+broker seen answering ``STANDBY`` at (or after) the epoch it was last promoted at holds none (a
+role change ends a lease on the broker, and a lease is granted again only at a newer epoch).
 Promoting a broker counts as granting it a lease until the ``SetRole`` call's deadline plus the
 lease, recorded before the call and kept whatever its answer: the call carries the lease as its
 ``lease_ms``, and a broker it promoted that hears neither its peer nor a grant within it steps
@@ -85,19 +86,32 @@ class LeaseKeeper:
             standby = view.stats is not None and view.reachable and view.role == STANDBY
             if standby and view.stats is not None and view.stats.epoch >= lease.promoted_epoch:
                 lease.until = 0.0
+        answering = [v.broker_id for v in views if self._answers_active(v.broker_id, now)]
+        # The broker held active: by its statistics, else by its own answer (then only if alone).
+        held = active.broker_id if active is not None else answering[0] if len(answering) == 1 else None
         for view in views:
             lease = self.leases[view.broker_id]
-            if not view.reachable or view.role != ACTIVE or lease.calling:
+            by_stats = view.reachable and view.role == ACTIVE
+            if not (by_stats or view.broker_id in answering) or lease.calling:
                 continue
             lease.calling = True
             try:
-                self.monitor.spawn(
-                    self._renew(view.broker_id, active is not None and view.broker_id == active.broker_id),
-                    f"lease-{view.broker_id}",
-                )
+                self.monitor.spawn(self._renew(view.broker_id, view.broker_id == held), f"lease-{view.broker_id}")
             except BaseException:
                 lease.calling = False
                 raise
+
+    def _answers_active(self, broker_id: str, now: float) -> bool:
+        """Whether the broker's last RenewLease answer said ACTIVE, came within a lease, and is newer
+        than its statistics. Statistics lag on a loaded machine: renewing only the broker they call
+        active let a just-promoted broker's lease lapse, and it stepped down, was promoted again,
+        and so on for a minute (chaos seed 1964, epochs 12 to 25)."""
+        lease = self.leases[broker_id]
+        return (
+            lease.token_role == ACTIVE
+            and now - lease.token_at < self.lease
+            and lease.token_at > self.monitor.links[broker_id].stats_at
+        )
 
     def _grant(self, broker_id: str, now: float) -> int:
         """The token to grant ``broker_id`` now (0: none), its lease's end recorded first."""
