@@ -365,6 +365,10 @@ def bench_fanout(
         f"Plot: `{result['plot']}`. Machine: {result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}).\n"
     )
     console.print(f"wrote {path}, {path.with_suffix('.md')} and {result['plot']}")
+    if profile is not None:
+        from sokutatsu.bench.fanout_profile import write_breakdown  # noqa: PLC0415
+
+        console.print(f"profiles: {write_breakdown(profile, cfg.seconds, result['rows'])}")
     if any("error" in r or not r["complete"] for r in result["rows"]):
         raise typer.Exit(1)
 

@@ -24,15 +24,27 @@ from pathlib import Path
 
 RATE = 100
 
-# The first category (innermost frame first) that a frame's text matches is the sample's.
+# A sample belongs to its innermost frame that one of these matches (tried in this order on each
+# frame; frames that match none, such as libc's unnamed addresses, pass to their caller).
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("matching", re.compile(r"\bmatches \(|\b_route \(|key_index")),
-    ("encoding", re.compile(r"batch_response|delivery_element|SerializeToString|_serialize|protobuf")),
-    ("queueing", re.compile(r"\benqueue \(|subscription_queue")),
-    ("grpc write (sendmsg)", re.compile(r"sendmsg|__libc_send|\bwritev?\b")),
-    ("grpc C layer (other)", re.compile(r"cygrpc|libgrpc|grpc_core|grpc_|_cython")),
-    ("asyncio event loop / wake-ups", re.compile(r"_run_once|base_events|events\.py|selectors|epoll|tasks\.py")),
-    ("broker python (other)", re.compile(r"sokutatsu/broker|sokutatsu\.broker|broker/")),
+    (
+        "matching (SubscriptionSpec.matches, Broker._route, key index)",
+        re.compile(r"\.matches \(|\._route \(|key_index"),
+    ),
+    ("queueing (subscription_queue.py)", re.compile(r"subscription_queue\.py")),
+    (
+        "encoding (batch_response, delivery_element, protobuf)",
+        re.compile(r"batch_response|delivery_element|SerializeToString|messages\.py|protobuf|upb"),
+    ),
+    ("gRPC write: sendmsg", re.compile(r"^sendmsg ")),
+    ("event loop: waiting in epoll", re.compile(r"^epoll_wait |select_epoll|EpollSelector\.select")),
+    ("write() to a wake-up fd or file", re.compile(r"^(eventfd_)?write ")),
+    ("gRPC C layer (cygrpc, other)", re.compile(r"cygrpc|libgrpc|grpc_core")),
+    (
+        "asyncio: task wake-ups, callbacks, futures",
+        re.compile(r"asyncio/|_asynciomodule|contextvars|^(task_|future_|TaskObj|FutureObj)"),
+    ),
+    ("broker Python (other)", re.compile(r"\(\S+\.py:\d+\)")),
 )
 
 
@@ -154,3 +166,29 @@ def breakdown_markdown(label: str, path: Path, seconds: float) -> str:
     for leaf, count in found.top_leaves.most_common(12):
         lines.append(f"| `{leaf[:90]}` | {100 * count / found.samples:.1f} % |")
     return "\n".join(lines) + "\n"
+
+
+def write_breakdown(folder: Path, seconds: float, rows: list[dict[str, object]]) -> Path:
+    """``breakdown.md`` in ``folder``: one section per profile the run recorded, beside its figures."""
+    parts = [
+        "# Where a delivery's time goes: the active broker under `bench fanout`",
+        "",
+        f"py-spy {RATE}/s with native frames (`--native --threads --format raw`), the active broker of the pair, "
+        "while the publisher ran. Shares are of all samples of the process; a sample belongs to the innermost "
+        "frame that names a category (see `sokutatsu.bench.fanout_profile.CATEGORIES`). py-spy pauses the process "
+        "for each native sample, so the figures of a profiled run are worse than an unprofiled one's.",
+        "",
+    ]
+    for row in rows:
+        profile = row.get("profile")
+        if not isinstance(profile, str):
+            continue
+        label = f"N={row['subscribers']}, {'1/16 of the keys' if row['filtered'] else 'every key'}"
+        figures = (
+            f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s, p50 {row['p50_ms']} / "
+            f"p99 {row['p99_ms']} ms, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} ms per 1,000"
+        )
+        parts += [breakdown_markdown(label, Path(profile), seconds), f"Figures of this run: {figures}.", ""]
+    path = folder / "breakdown.md"
+    path.write_text("\n".join(parts))
+    return path
