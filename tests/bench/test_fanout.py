@@ -83,7 +83,8 @@ def test_profile_samples_go_to_their_innermost_known_frame(tmp_path: Path) -> No
     loop = "thread (0x1);_run_once (asyncio/base_events.py:1922)"
     folded = tmp_path / "p.txt"
     folded.write_text(
-        f"{loop};Broker._route (sokutatsu/broker/broker.py:600);SubscriptionSpec.matches (sokutatsu/broker/subscription.py:79) 3\n"
+        f"{loop};Broker._route (sokutatsu/broker/broker.py:600);"
+        "SubscriptionSpec.matches (sokutatsu/broker/subscription.py:79) 3\n"
         f"{loop};_deliver (sokutatsu/broker/server.py:1);batch_response (sokutatsu/broker/messages.py:52) 2\n"
         f"{loop};cygrpc_write (grpc/_cython/cygrpc.pyx:1);sendmsg (libc.so.6) 4\n"
         "thread (0x2);poll (libc.so.6) 1\n"
@@ -94,7 +95,7 @@ def test_profile_samples_go_to_their_innermost_known_frame(tmp_path: Path) -> No
     text = breakdown_markdown("test", folded, 1.0)
     assert "| matching (SubscriptionSpec.matches, Broker._route, key index) | 30.0 % |" in text
     assert "| encoding (batch_response, delivery_element, protobuf) | 20.0 % |" in text
-    assert "| gRPC write: sendmsg | 40.0 % |" in text
+    assert "| gRPC write: sendmsg | 40.0 % | 44.4 % |" in text
     assert "| other threads | 10.0 % |" in text
     assert "| thread (0x1) (event loop) | 9 % |" in text
 

@@ -320,9 +320,9 @@ def bench_fanout(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Result file (default bench/results/fanout-<UTC time>.json).")
     ] = None,
-    plots: Annotated[Path, typer.Option("--plots", help="Folder for the p99-against-N plot.")] = Path(
-        "bench/results/plots"
-    ),
+    plots: Annotated[
+        Path | None, typer.Option("--plots", help="Folder for the p99-against-N plot (default bench/results/plots).")
+    ] = None,
     profile: Annotated[
         Path | None,
         typer.Option("--profile", help="Record the active broker with py-spy at N=16 and 64 into this folder."),
@@ -346,7 +346,8 @@ def bench_fanout(
         except ValueError:
             raise typer.BadParameter(f"expected N values such as 16,64, got {counts!r}") from None
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
-    path = json_path or Path(f"bench/results/fanout{'-quick' if quick else ''}-{stamp}.json")
+    path = json_path or Path(f"bench/results/fanout-{stamp}{'-quick' if quick else ''}.json")
+    plots = plots or Path(f"bench/results/plots{'-quick' if quick else ''}")
     console.print(
         f"bench fanout ({'quick' if quick else 'full'}): {', '.join(chosen)}; N in {', '.join(map(str, cfg.counts))}, "
         f"every key and 1/16 of the keys; {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s each"
@@ -359,16 +360,17 @@ def bench_fanout(
     result["plot"] = str(p99_plot(result, plots / f"{path.stem}-p99.png"))
     console.print(result["table"])
     console.print(json.dumps(result["ratios"]))
+    if profile is not None:
+        from sokutatsu.bench.fanout_profile import compress, write_breakdown  # noqa: PLC0415
+
+        compress(result["rows"])
+        console.print(f"profiles: {write_breakdown(profile, cfg.seconds, result['rows'])}")
     write_json(path, result)
     path.with_suffix(".md").write_text(
         f"# bench fanout, {result['time_utc']} ({result['mode']})\n\n{result['setup']}\n\n{result['table']}\n\n"
         f"Plot: `{result['plot']}`. Machine: {result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}).\n"
     )
     console.print(f"wrote {path}, {path.with_suffix('.md')} and {result['plot']}")
-    if profile is not None:
-        from sokutatsu.bench.fanout_profile import write_breakdown  # noqa: PLC0415
-
-        console.print(f"profiles: {write_breakdown(profile, cfg.seconds, result['rows'])}")
     if any("error" in r or not r["complete"] for r in result["rows"]):
         raise typer.Exit(1)
 
