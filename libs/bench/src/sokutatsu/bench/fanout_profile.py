@@ -49,6 +49,23 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# Inclusive shares: samples with this frame anywhere in the stack (the time under it).
+INCLUSIVE = (
+    "Broker.publish",
+    "Broker._route",
+    "SubscriptionSpec.matches",
+    "SubscriptionQueue.enqueue",
+    "SubscriptionQueue.next_batch",
+    "DataPlane._subscribe",
+    "Broker.credit",
+    "batch_response",
+    "delivery_element",
+    "SerializeToString",
+    "sendmsg",
+    "BaseEventLoop._run_once",
+)
+
+
 def py_spy() -> str | None:
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.exists() else shutil.which("py-spy")
@@ -116,6 +133,7 @@ class Breakdown:
     main_thread: str
     by_category_main: Counter[str]
     top_leaves: Counter[str]
+    inclusive: Counter[str]
 
 
 def parse(text: str) -> Breakdown:
@@ -137,13 +155,17 @@ def parse(text: str) -> Breakdown:
     main = (loop_samples or by_thread).most_common(1)[0][0] if by_thread else ""
     by_category_main: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
     for stack, count in stacks:
+        for name in INCLUSIVE:
+            if any(frame.startswith(f"{name} ") for frame in stack):
+                inclusive[name] += count
         name = category(stack)
         by_category[name if stack[0] == main else "other threads"] += count
         if stack[0] == main:
             by_category_main[name] += count
         leaves[_short(stack[-1])] += count
-    return Breakdown(sum(by_thread.values()), by_category, by_thread, main, by_category_main, leaves)
+    return Breakdown(sum(by_thread.values()), by_category, by_thread, main, by_category_main, leaves, inclusive)
 
 
 def _short(frame: str) -> str:
@@ -165,6 +187,8 @@ def breakdown_markdown(label: str, path: Path, seconds: float) -> str:
     for thread, count in found.by_thread.most_common(6):
         mark = " (event loop)" if thread == found.main_thread else ""
         lines.append(f"| {thread}{mark} | {100 * count / (RATE * seconds):.0f} % |")
+    lines += ["", "| function (time under it, inclusive) | share of all samples |", "|---|---|"]
+    lines += [f"| `{n}` | {100 * found.inclusive[n] / found.samples:.1f} % |" for n in INCLUSIVE if found.inclusive[n]]
     lines += ["", "| innermost frame (top 12) | share |", "|---|---|"]
     for leaf, count in found.top_leaves.most_common(12):
         lines.append(f"| `{leaf[:90]}` | {100 * count / found.samples:.1f} % |")
