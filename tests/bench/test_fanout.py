@@ -68,6 +68,14 @@ def test_the_consumer_counts_holes_duplicates_reordering_and_strays() -> None:
     assert filtered.figures()["unexpected"] == 1
     assert filtered.figures()["received"] == filtered.wanted == 2
     assert filtered.all_done.is_set()
+    # The publisher stopped early after message 3: only 1..3 are wanted, and they have all come.
+    early = _track(None, 6)
+    for seq in (1, 2, 3):
+        early.take(make_body(seq, 64))
+    assert not early.all_done.is_set()
+    early.published(3)
+    assert early.all_done.is_set()
+    assert (early.figures()["wanted"], early.figures()["undelivered"]) == (3, 0)
 
 
 def test_latency_buckets_are_one_percent_wide_and_percentiles_come_from_them() -> None:

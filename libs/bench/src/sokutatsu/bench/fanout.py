@@ -46,6 +46,8 @@ from sokutatsu.cli.measure import machine
 from sokutatsu.harness.broker import Pair
 
 PER_PROCESS = 32
+# A publisher held back by acknowledgements stops after this many times its planned time.
+HELD_FACTOR = 3
 NATS_PORT = 4222
 
 
@@ -124,22 +126,29 @@ def reachable(system: str) -> str | None:
 class Published:
     start_ns: int = 0
     handed_ns: int = 0  # the last message handed over
+    sent: int = 0
     acked_ns: int = 0  # every message acknowledged
 
 
 async def publish(system: str, addresses: Sequence[str], cfg: FanoutConfig, total: int) -> Published:
+    """Up to ``total`` messages at ``cfg.rate``; stops early once ``HELD_FACTOR`` times the planned
+    time has passed (acknowledgements holding the publisher back): ``sent`` says how many went."""
     out = Published()
     async with sender(system, addresses) as send:
         out.start_ns = time.time_ns()
         start = time.perf_counter()
         sent = 0
         while sent < total:
-            due = min(total, int((time.perf_counter() - start) * cfg.rate) + 1)
+            elapsed = time.perf_counter() - start
+            if elapsed > HELD_FACTOR * cfg.seconds:
+                break
+            due = min(total, int(elapsed * cfg.rate) + 1)
             while sent < due:
                 sent += 1
                 await send.send(key_of(sent), make_body(sent, cfg.size))
             await asyncio.sleep(0.001)
         out.handed_ns = time.time_ns()
+        out.sent = sent
         await send.flush()
         out.acked_ns = time.time_ns()
     return out
@@ -204,13 +213,18 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
             )
 
         procs = await asyncio.gather(*(consumer(f, c) for f, c in split(run.n, run.processes)))
-        results = [asyncio.create_task(child_result(p, cfg.seconds + cfg.drain_seconds + 300)) for p in procs]
+        limit = (HELD_FACTOR + 1) * cfg.seconds + cfg.drain_seconds + 300
+        results = [asyncio.create_task(child_result(p, limit)) for p in procs]
         before = {name: process_cpu(pid) for name, pid in where.pids.items()}
         recording: Recording | None = None
         if profile_dir is not None and where.active is not None:
             label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
             recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
         run.published = await publish(run.system, where.addresses, cfg, run.total)
+        if run.published.sent < run.total:
+            run.total = run.published.sent
+            for proc in procs:
+                await tell(proc, f"total {run.total}")
         _, pending = await asyncio.wait(results, timeout=cfg.drain_seconds)
         if pending:
             for proc in procs:
@@ -259,6 +273,7 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
         "filtered": run.filtered,
         "consumer_processes": run.processes,
         "published": run.total,
+        "planned": int(cfg.rate * cfg.seconds),  # more than published: the publisher was stopped (HELD_FACTOR)
         "offered_deliveries": wanted,
         "offered_deliveries_per_s": round(offered),
         "deliveries": received,
@@ -327,7 +342,8 @@ async def measure(
         "ratios": ratios(rows),
         "table": markdown_table(rows, skipped),
         "setup": (
-            f"one publisher at {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s (paced every ms; keys cycle "
+            f"one publisher at {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s (paced every ms; stopped after "
+            f"{HELD_FACTOR * cfg.seconds:g}s when acknowledgements held it back; keys cycle "
             "over 300, filtered subscribers take one group of ~1/16 of them by prefix); N durable subscribers over "
             f"ceil(N/{PER_PROCESS}) consumer processes (one for N=1, at least two otherwise); every publish and "
             f"delivery acknowledged; subscribers told to stop {cfg.drain_seconds:g}s after the last publish was "

@@ -4,10 +4,11 @@
 
 It connects subscribers ``FIRST`` .. ``FIRST + COUNT - 1`` (``FILTERED`` 1: each on its key
 group, 0: every key), prints ``ready``, and receives until every subscriber has all it must
-(``TOTAL`` messages are published) or it is told ``stop``. Every delivery is checked as it
-arrives: against the subscriber's filter, against what it already had (duplicates) and against
-the highest sequence number so far (reordered; a skipped wanted message is a hole: lost unless
-it arrives later). At the end it prints one JSON line: per subscriber its counts, and for the
+(``TOTAL`` messages are to be published; ``total N`` on its standard input says the publisher
+stopped after N of them) or it is told ``stop``. Every delivery is checked as it arrives:
+against the subscriber's filter, against what it already had (duplicates) and against the
+highest sequence number so far (reordered; a skipped wanted message is a hole: lost unless it
+arrives later). At the end it prints one JSON line: per subscriber its counts, and for the
 whole process a histogram of latency (receive time minus publish time, one clock) in buckets of
 ``1 %`` width, and the largest latency.
 """
@@ -99,6 +100,16 @@ class Track:
         if self.distinct == self.wanted:
             self._complete()
 
+    def published(self, total: int) -> None:
+        """The publisher stopped after ``total`` messages: only those are wanted."""
+        if total >= self.total:
+            return
+        complete = self.distinct >= self.wanted
+        self.total = total
+        self.wanted = expected(total, self.group)
+        if not complete and self.distinct >= self.wanted:
+            self._complete()
+
     def _wanted_between(self, low: int, high: int) -> int:
         if self.group is None:
             return high - low - 1
@@ -125,10 +136,13 @@ class Track:
         }
 
 
-async def _stopped(stop: asyncio.Event) -> None:
+async def _steer(stop: asyncio.Event, tracks: list[Track]) -> None:
     async for word in stdin_words():
         if word == "stop":
             break
+        if word.startswith("total "):
+            for track in tracks:
+                track.published(int(word.split()[1]))
     stop.set()
 
 
@@ -142,7 +156,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         for i in range(int(first), int(first) + int(count))
     ]
     stop = asyncio.Event()
-    steering = asyncio.create_task(_stopped(stop))
+    steering = asyncio.create_task(_steer(stop, tracks))
     wanted = [Wanted(t.name, t.group, t.take) for t in tracks]
     async with subscribed(system, [a for a in addresses.split(",") if a], wanted):
         print(READY, flush=True)  # noqa: T201 - protocol with the parent process
