@@ -254,9 +254,12 @@ async def _nats(system: str, wanted: Sequence[Wanted]) -> AsyncIterator[None]:
 
 
 def _push_callback(take: Take) -> Callable[[Any], Any]:
+    from nats.errors import ConnectionClosedError  # noqa: PLC0415
+
     async def callback(message: Any) -> None:
         take(message.data)
-        await message.ack()
+        with contextlib.suppress(ConnectionClosedError):  # the process is closing its connection
+            await message.ack()
 
     return callback
 
