@@ -396,7 +396,11 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _div(top: float | None, bottom: float | None) -> float | None:
-    return round(top / bottom, 2) if top is not None and bottom else None
+    """``top / bottom`` to three significant digits (latency ratios span orders of magnitude)."""
+    if top is None or not bottom:
+        return None
+    ratio = top / bottom
+    return float(f"{ratio:.3g}")
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> str:
