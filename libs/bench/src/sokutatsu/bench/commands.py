@@ -311,6 +311,70 @@ def bench_queuedb(
         raise typer.Exit(1)
 
 
+def bench_fanout(
+    quick: Annotated[bool, typer.Option("--quick", help="N in 1 and 16, 3 s phases: a smoke run.")] = False,
+    systems: Annotated[
+        str, typer.Option("--systems", help="Comma-separated: sokutatsu, nats-push, nats-pull.")
+    ] = "sokutatsu,nats-push,nats-pull",
+    counts: Annotated[str | None, typer.Option("--counts", help="N values instead of the mode's, e.g. 16,64.")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Result file (default bench/results/fanout-<UTC time>.json).")
+    ] = None,
+    plots: Annotated[
+        Path | None, typer.Option("--plots", help="Folder for the p99-against-N plot (default bench/results/plots).")
+    ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="Record the active broker with py-spy at N=16 and 64 into this folder."),
+    ] = None,
+) -> None:
+    """One feed to N filtered or unfiltered subscribers: Sokutatsu vs NATS JetStream push and pull (issue 23)."""
+    import dataclasses  # noqa: PLC0415 - only for this command
+    import time  # noqa: PLC0415
+
+    from sokutatsu.bench.fanout import FULL, QUICK, measure, p99_plot  # noqa: PLC0415
+    from sokutatsu.bench.fanout_clients import SYSTEMS  # noqa: PLC0415
+    from sokutatsu.cli.measure import settle_collector, write_json  # noqa: PLC0415
+
+    chosen = [s.strip() for s in systems.split(",") if s.strip()]
+    if not chosen or any(s not in SYSTEMS for s in chosen):
+        raise typer.BadParameter(f"choose from {', '.join(SYSTEMS)}; got {systems!r}")
+    cfg = QUICK if quick else FULL
+    if counts:
+        try:
+            cfg = dataclasses.replace(cfg, counts=tuple(int(n) for n in counts.split(",")))
+        except ValueError:
+            raise typer.BadParameter(f"expected N values such as 16,64, got {counts!r}") from None
+    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+    path = json_path or Path(f"bench/results/fanout-{stamp}{'-quick' if quick else ''}.json")
+    plots = plots or Path(f"bench/results/plots{'-quick' if quick else ''}")
+    console.print(
+        f"bench fanout ({'quick' if quick else 'full'}): {', '.join(chosen)}; N in {', '.join(map(str, cfg.counts))}, "
+        f"every key and 1/16 of the keys; {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s each"
+    )
+    settle_collector()
+    result = asyncio.run(
+        measure(cfg, chosen, say=console.print, profile=(profile, (16, 64)) if profile is not None else None)
+    )
+    result["mode"] = "quick" if quick else "full"
+    result["plot"] = str(p99_plot(result, plots / f"{path.stem}-p99.png"))
+    console.print(result["table"])
+    console.print(json.dumps(result["ratios"]))
+    if profile is not None:
+        from sokutatsu.bench.fanout_profile import compress, write_breakdown  # noqa: PLC0415
+
+        compress(result["rows"])
+        console.print(f"profiles: {write_breakdown(profile, cfg.seconds, result['rows'])}")
+    write_json(path, result)
+    path.with_suffix(".md").write_text(
+        f"# bench fanout, {result['time_utc']} ({result['mode']})\n\n{result['setup']}\n\n{result['table']}\n\n"
+        f"Plot: `{result['plot']}`. Machine: {result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}).\n"
+    )
+    console.print(f"wrote {path}, {path.with_suffix('.md')} and {result['plot']}")
+    if any("error" in r or not r["complete"] for r in result["rows"]):
+        raise typer.Exit(1)
+
+
 bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
 bench_app.command("throughput")(bench_throughput)
 bench_app.command("switchover")(bench_switchover)
@@ -320,3 +384,4 @@ bench_app.command("sequencer")(bench_sequencer)
 bench_app.command("queue-db")(bench_queuedb)
 bench_app.command("analytics")(bench_analytics)
 bench_app.command("soak")(bench_soak)
+bench_app.command("fanout")(bench_fanout)

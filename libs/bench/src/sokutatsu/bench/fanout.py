@@ -1,0 +1,456 @@
+"""``sokutatsu bench fanout``: one feed, many subscribers, each with its key filter (issue 23).
+
+One publisher (in this process, asyncio) publishes ``rate`` msgs/s of ``size`` bytes, paced every
+millisecond, with keys cycling over ``KEYS`` market keys (:mod:`sokutatsu.bench.fanout_clients`);
+every publish is acknowledged (Sokutatsu: by both brokers of the pair; NATS: by JetStream, file
+storage). ``N`` durable subscribers run in consumer processes of their own
+(:mod:`sokutatsu.bench.fanout_consumer`): one process for N = 1, else ``ceil(N / PER_PROCESS)``
+and at least two (2 for N <= 64, 8 for N = 256), every delivery acknowledged. Unfiltered: every
+subscriber takes every key. Filtered: each takes one key group, about 1/16 of the keys.
+
+For each (system, N, filtered): deliveries/s against offered (``rate`` times the matching
+subscribers), from the first publish to the last delivery; p50/p99/max latency (receive time
+minus publish time, one clock; histogram buckets of 1 %); lost (a wanted message skipped and
+never delivered), duplicates, reordered, unexpected (outside the filter) and undelivered (still
+owed when the subscribers were told to stop, ``drain_seconds`` after the last publish was
+acknowledged); the publisher's achieved rate (messages handed over per second: below ``rate``
+when acknowledgements held it back); the servers' CPU (``/proc/<pid>/stat``, from the first
+publish to the end) per 1,000 deliveries: both brokers of the pair and the active one alone,
+or nats-server; the load average and CPU steal around it. Sokutatsu gets a fresh broker pair and
+monitor per scenario (as ``bench peers``); NATS, a fresh stream on 127.0.0.1:4222 (skipped when
+nothing answers there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sokutatsu.bench.common import cpu_sample, pair_with_monitor, steal_percent
+from sokutatsu.bench.fanout_clients import SYSTEMS, cleanup_nats, key_of, prepare_nats, sender
+from sokutatsu.bench.fanout_consumer import bucket_ms
+from sokutatsu.bench.fanout_profile import Recording, start_recording
+from sokutatsu.bench.peers_clients import make_body
+from sokutatsu.bench.queuedb_remote import process_cpu
+from sokutatsu.cli.children import child_process, child_result, tell
+from sokutatsu.cli.measure import machine
+from sokutatsu.harness.broker import Pair
+
+PER_PROCESS = 32
+# A publisher held back by acknowledgements stops after this many times its planned time.
+HELD_FACTOR = 3
+NATS_PORT = 4222
+
+
+@dataclass(frozen=True)
+class FanoutConfig:
+    counts: tuple[int, ...]  # N subscribers, one scenario each (unfiltered and filtered)
+    rate: int  # msgs/s published
+    seconds: float  # of publishing per scenario
+    drain_seconds: float  # after the last publish is acknowledged, at most this long for the rest
+    size: int = 256
+    filters: tuple[bool, ...] = (False, True)
+
+
+QUICK = FanoutConfig(counts=(1, 16), rate=2000, seconds=3.0, drain_seconds=5.0)
+FULL = FanoutConfig(counts=(1, 4, 16, 64, 256), rate=2000, seconds=8.0, drain_seconds=10.0)
+
+
+def processes_for(n: int) -> int:
+    return 1 if n == 1 else max(2, math.ceil(n / PER_PROCESS))
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of each consumer process's subscribers."""
+    out, first = [], 0
+    for part in range(parts):
+        count = n // parts + (1 if part < n % parts else 0)
+        out.append((first, count))
+        first += count
+    return out
+
+
+# ------------------------------------------------------------------- servers --
+@dataclass
+class Servers:
+    addresses: list[str]
+    pids: dict[str, int]  # the server processes whose CPU is measured
+    active: int | None  # the process to profile
+    pair: Pair | None = None
+
+
+def nats_pid() -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == "nats-server":
+                    return int(entry.name)
+    return None
+
+
+@contextlib.contextmanager
+def servers(system: str) -> Iterator[Servers]:
+    if system != "sokutatsu":
+        pid = nats_pid()
+        yield Servers([], {"nats-server": pid} if pid else {}, pid)
+        return
+    with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-fanout-") as tmp, pair_with_monitor(Path(tmp)) as pair:
+        pids = {"broker-a": pair.active.pid, "broker-b": pair.standby.pid}
+        yield Servers(pair.addresses, pids, pair.active.pid, pair)
+
+
+def reachable(system: str) -> str | None:
+    """None when the system can be measured, else why not."""
+    if system == "sokutatsu":
+        return None
+    import socket  # noqa: PLC0415
+
+    try:
+        with socket.create_connection(("127.0.0.1", NATS_PORT), timeout=2):
+            return None
+    except OSError as exc:
+        return f"nothing answers on 127.0.0.1:{NATS_PORT} ({exc.strerror or exc})"
+
+
+# ------------------------------------------------------------------ scenario --
+@dataclass
+class Published:
+    start_ns: int = 0
+    handed_ns: int = 0  # the last message handed over
+    sent: int = 0
+    acked_ns: int = 0  # every message acknowledged
+
+
+async def publish(system: str, addresses: Sequence[str], cfg: FanoutConfig, total: int) -> Published:
+    """Up to ``total`` messages at ``cfg.rate``; stops early once ``HELD_FACTOR`` times the planned
+    time has passed (acknowledgements holding the publisher back): ``sent`` says how many went."""
+    out = Published()
+    async with sender(system, addresses) as send:
+        out.start_ns = time.time_ns()
+        start = time.perf_counter()
+        sent = 0
+        while sent < total:
+            elapsed = time.perf_counter() - start
+            if elapsed > HELD_FACTOR * cfg.seconds:
+                break
+            due = min(total, int(elapsed * cfg.rate) + 1)
+            while sent < due:
+                sent += 1
+                await send.send(key_of(sent), make_body(sent, cfg.size))
+            await asyncio.sleep(0.001)
+        out.handed_ns = time.time_ns()
+        out.sent = sent
+        await send.flush()
+        out.acked_ns = time.time_ns()
+    return out
+
+
+@dataclass
+class Run:
+    """What one scenario measured, before it is reduced to figures."""
+
+    system: str
+    n: int
+    filtered: bool
+    total: int
+    processes: int
+    published: Published = field(default_factory=Published)
+    got: list[dict[str, Any]] = field(default_factory=list)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    end_ns: int = 0
+    load: tuple[float, float] = (0.0, 0.0)
+    steal: float | None = None
+    profile: str | None = None
+
+
+async def scenario(
+    system: str, n: int, filtered: bool, cfg: FanoutConfig, profile_dir: Path | None = None
+) -> dict[str, Any]:
+    total = int(cfg.rate * cfg.seconds)
+    run = Run(system, n, filtered, total, processes_for(n))
+    load_before = os.getloadavg()[0]
+    steal_before = cpu_sample()
+    with servers(system) as where:
+        if where.pair is not None:
+            await where.pair.wait_paired()  # the standby caught up: no start-up in the figures
+        else:
+            await prepare_nats()
+        try:
+            await _measure(run, where, cfg, profile_dir)
+        finally:
+            if system != "sokutatsu":
+                await cleanup_nats()
+    run.load = (round(load_before, 2), round(os.getloadavg()[0], 2))
+    run.steal = steal_percent(steal_before, cpu_sample())
+    return figures(run, cfg)
+
+
+async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Path | None) -> None:
+    addresses = ",".join(where.addresses)
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def consumer(first: int, count: int) -> asyncio.subprocess.Process:
+            return await stack.enter_async_context(
+                child_process(
+                    "sokutatsu.bench.fanout_consumer",
+                    run.system,
+                    addresses,
+                    str(run.total),
+                    "1" if run.filtered else "0",
+                    str(first),
+                    str(count),
+                    what=f"{run.system} consumer of subscribers {first}..{first + count - 1}",
+                )
+            )
+
+        procs = await asyncio.gather(*(consumer(f, c) for f, c in split(run.n, run.processes)))
+        limit = (HELD_FACTOR + 1) * cfg.seconds + cfg.drain_seconds + 300
+        results = [asyncio.create_task(child_result(p, limit)) for p in procs]
+        before = {name: process_cpu(pid) for name, pid in where.pids.items()}
+        recording: Recording | None = None
+        if profile_dir is not None and where.active is not None:
+            label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
+            recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
+        run.published = await publish(run.system, where.addresses, cfg, run.total)
+        if run.published.sent < run.total:
+            run.total = run.published.sent
+            for proc in procs:
+                await tell(proc, f"total {run.total}")
+        _, pending = await asyncio.wait(results, timeout=cfg.drain_seconds)
+        if pending:
+            for proc in procs:
+                with contextlib.suppress(OSError, RuntimeError):  # a process that already ended
+                    await tell(proc, "stop")
+        run.got = [await r for r in results]
+        run.end_ns = time.time_ns()
+        run.cpu_seconds = {name: process_cpu(pid) - before[name] for name, pid in where.pids.items()}
+        if recording is not None:
+            run.profile = await recording.finish()
+
+
+# ------------------------------------------------------------------- figures --
+def percentile_of(histogram: Counter[int], fraction: float) -> float | None:
+    count = sum(histogram.values())
+    if not count:
+        return None
+    rank = max(1, math.ceil(fraction * count))
+    seen = 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= rank:
+            return round(bucket_ms(bucket), 3)
+    return None  # not reached: the counts add up to count
+
+
+def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
+    subs = [s for g in run.got for s in g["subscribers"]]
+    histogram: Counter[int] = Counter()
+    for g in run.got:
+        histogram.update({int(b): n for b, n in g["histogram"].items()})
+    wanted = sum(s["wanted"] for s in subs)
+    received = sum(s["received"] for s in subs)
+    last_ns = max((s["done_ns"] for s in subs), default=0)
+    seconds = (last_ns - run.published.start_ns) / 1e9 if last_ns else 0.0
+    offered = cfg.rate * wanted / run.total
+    per_s = received / seconds if seconds > 0 else 0.0
+    counts = {k: sum(s[k] for s in subs) for k in ("lost", "duplicates", "reordered", "unexpected", "undelivered")}
+    broker_cpu = sum(run.cpu_seconds.values())
+    active = run.cpu_seconds.get("broker-a", broker_cpu)
+    thousands = received / 1000
+    max_ns = max((g["max_latency_ns"] for g in run.got), default=0)
+    return {
+        "system": run.system,
+        "subscribers": run.n,
+        "filtered": run.filtered,
+        "consumer_processes": run.processes,
+        "published": run.total,
+        "planned": int(cfg.rate * cfg.seconds),  # more than published: the publisher was stopped (HELD_FACTOR)
+        "offered_deliveries": wanted,
+        "offered_deliveries_per_s": round(offered),
+        "deliveries": received,
+        "deliveries_per_s": round(per_s),
+        "delivered_percent_of_offered": round(100 * per_s / offered, 1) if offered else None,
+        "p50_ms": percentile_of(histogram, 0.50),
+        "p99_ms": percentile_of(histogram, 0.99),
+        "max_ms": round(max_ns / 1e6, 3) if received else None,
+        **counts,
+        "complete": counts["lost"] == counts["undelivered"] == counts["duplicates"] == counts["reordered"] == 0,
+        "publish_msgs_per_s": _rate(run.total, run.published.start_ns, run.published.handed_ns),
+        "publish_acked_msgs_per_s": _rate(run.total, run.published.start_ns, run.published.acked_ns),
+        "publisher_held_below_rate": _rate(run.total, run.published.start_ns, run.published.handed_ns)
+        < 0.95 * cfg.rate,
+        "seconds_to_last_delivery": round(seconds, 3),
+        "broker_cpu_seconds": {k: round(v, 2) for k, v in run.cpu_seconds.items()},
+        "broker_cpu_ms_per_1000_deliveries": round(1000 * broker_cpu / thousands, 2) if thousands else None,
+        "active_cpu_ms_per_1000_deliveries": round(1000 * active / thousands, 2) if thousands else None,
+        "told_to_stop": any(g["told_to_stop"] for g in run.got),
+        "load_average_1m": {"before": run.load[0], "after": run.load[1]},
+        "cpu_steal_percent": run.steal,
+        **({"profile": run.profile} if run.profile else {}),
+    }
+
+
+def _rate(count: int, start_ns: int, end_ns: int) -> int:
+    return round(count / ((end_ns - start_ns) / 1e9)) if end_ns > start_ns else 0
+
+
+async def measure(
+    cfg: FanoutConfig,
+    systems: Sequence[str] = SYSTEMS,
+    say: Callable[[str], object] = print,
+    profile: tuple[Path, Sequence[int]] | None = None,
+) -> dict[str, Any]:
+    """Every scenario of every system that answers; ``profile``: (folder, N values) at which the
+    active Sokutatsu broker is recorded with py-spy while the publisher runs."""
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    started = time.gmtime()
+    for system in systems:
+        missing = reachable(system)
+        if missing:
+            say(f"{system}: skipped, {missing}")
+            skipped[system] = missing
+            continue
+        for n in cfg.counts:
+            for filtered in cfg.filters:
+                say(f"{system}: N={n} {'filtered' if filtered else 'every key'} ...")
+                folder = profile[0] if profile and system == "sokutatsu" and n in profile[1] else None
+                try:
+                    row = await scenario(system, n, filtered, cfg, folder)
+                except Exception as exc:  # noqa: BLE001 - one failing scenario must not hide the others
+                    row = {
+                        "system": system,
+                        "subscribers": n,
+                        "filtered": filtered,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                say(f"  {_line(row)}")
+                rows.append(row)
+    return {
+        "benchmark": "fanout",
+        "rows": rows,
+        "skipped": skipped,
+        "ratios": ratios(rows),
+        "table": markdown_table(rows, skipped),
+        "setup": (
+            f"one publisher at {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s (paced every ms; stopped after "
+            f"{HELD_FACTOR * cfg.seconds:g}s when acknowledgements held it back; keys cycle "
+            "over 300, filtered subscribers take one group of ~1/16 of them by prefix); N durable subscribers over "
+            f"ceil(N/{PER_PROCESS}) consumer processes (one for N=1, at least two otherwise); every publish and "
+            f"delivery acknowledged; subscribers told to stop {cfg.drain_seconds:g}s after the last publish was "
+            "acknowledged. Sokutatsu: a fresh broker pair and monitor per scenario, SDK Publisher (acked by both) "
+            "and durable Subscribers (prefix filter); NATS: nats-py, JetStream file storage, publish_async, one "
+            "durable consumer per subscriber (push to a callback, or pull in batches of 100), one connection per "
+            "consumer process, max_ack_pending 1000. Broker CPU: /proc/<pid>/stat of both brokers (or nats-server) "
+            "from the first publish to the end."
+        ),
+        "config": {**cfg.__dict__, "per_process": PER_PROCESS},
+        "machine": machine(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", started),
+    }
+
+
+def _line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"error: {row['error']}"
+    return (
+        f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s "
+        f"({row['delivered_percent_of_offered']} %), p50 {row['p50_ms']} p99 {row['p99_ms']} max {row['max_ms']} ms, "
+        f"lost {row['lost']} dup {row['duplicates']} undelivered {row['undelivered']}, "
+        f"publisher {row['publish_msgs_per_s']:,} msgs/s, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} "
+        f"ms/1000, load {row['load_average_1m']['before']}"
+    )
+
+
+def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per (N, filter): NATS's figures over Sokutatsu's (latency, CPU) and Sokutatsu's over NATS's
+    (deliveries/s), from this one run."""
+    found: dict[str, Any] = {}
+    by = {(r["system"], r["subscribers"], r["filtered"]): r for r in rows if "error" not in r}
+    for (system, n, filtered), ours in by.items():
+        if system != "sokutatsu":
+            continue
+        for peer in ("nats-push", "nats-pull"):
+            theirs = by.get((peer, n, filtered))
+            if theirs is None:
+                continue
+            label = f"{n}-{'filtered' if filtered else 'every-key'}-vs-{peer}"
+            found[label] = {
+                "deliveries_per_s_sokutatsu_over_peer": _div(ours["deliveries_per_s"], theirs["deliveries_per_s"]),
+                "p50_sokutatsu_over_peer": _div(ours["p50_ms"], theirs["p50_ms"]),
+                "p99_sokutatsu_over_peer": _div(ours["p99_ms"], theirs["p99_ms"]),
+                "cpu_per_1000_sokutatsu_over_peer": _div(
+                    ours["broker_cpu_ms_per_1000_deliveries"], theirs["broker_cpu_ms_per_1000_deliveries"]
+                ),
+            }
+    return found
+
+
+def _div(top: float | None, bottom: float | None) -> float | None:
+    """``top / bottom`` to three significant digits (latency ratios span orders of magnitude)."""
+    if top is None or not bottom:
+        return None
+    ratio = top / bottom
+    return float(f"{ratio:.3g}")
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> str:
+    lines = [
+        "| system | N | filter | procs | deliveries/s of offered | p50 / p99 / max ms | lost / dup / reord / undeliv "
+        "| publisher msgs/s | broker CPU ms per 1,000 (active) | load 1m |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        head = f"| {r['system']} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
+        if "error" in r:
+            lines.append(head + f"| | error: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            head + f"| {r['consumer_processes']} "
+            f"| {r['deliveries_per_s']:,} of {r['offered_deliveries_per_s']:,} ({r['delivered_percent_of_offered']} %) "
+            f"| {r['p50_ms']} / {r['p99_ms']} / {r['max_ms']} "
+            f"| {r['lost']} / {r['duplicates']} / {r['reordered']} / {r['undelivered']} "
+            f"| {r['publish_msgs_per_s']:,} | {r['broker_cpu_ms_per_1000_deliveries']} "
+            f"({r['active_cpu_ms_per_1000_deliveries']}) | {r['load_average_1m']['before']} |"
+        )
+    lines.extend(f"| {system} | skipped: {why} | | | | | | | | |" for system, why in skipped.items())
+    return "\n".join(lines)
+
+
+def p99_plot(result: dict[str, Any], path: Path) -> Path:
+    """p99 latency against N, one line per system and filter (log scales)."""
+    import matplotlib  # noqa: PLC0415 - only when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in result["rows"]:
+        if r.get("p99_ms") is not None:
+            label = f"{r['system']}, {'1/16 keys' if r['filtered'] else 'every key'}"
+            series.setdefault(label, []).append((r["subscribers"], r["p99_ms"]))
+    for label, points in series.items():
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, "o-" if "every" in label else "s--", label=label, linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("subscribers (N)")
+    ax.set_ylabel("p99 latency, ms")
+    ax.set_title(f"bench fanout: p99 against N ({result['config']['rate']:,} msgs/s of {result['config']['size']} B)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
