@@ -17,8 +17,9 @@ from grpc import aio
 from sokutatsu.broker.pair_state import MAX_EPOCH
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.chaos_proxy import LinkProxy
-from sokutatsu.client import BufferFull, Publisher
+from sokutatsu.client import BufferFull, Publisher, Subscriber
 from sokutatsu.core.tls import open_channel
+from sokutatsu.harness import HarnessError
 from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
 from tests.broker import raw
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
@@ -80,6 +81,97 @@ async def test_a_slow_subscriber_moved_onto_a_rejoined_broker_gets_what_was_ackn
             await _publish_from(pub, total + 1, total + 200)
     slow.check({"feed": total + 200})
     assert slow.brokers[-1] == "broker-a"
+
+
+async def test_a_subscriber_that_comes_to_the_taking_broker_before_the_redirect_gets_no_gap(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Chaos seed 7102 (reproduced twice on a loaded machine): broker-a was killed and came back
+    (standby, nothing in memory of what broker-b acknowledged meanwhile); the monitor began moving
+    the slow subscriber onto it, and step 2 (AcceptSubscriber) made broker-a serve the queue from
+    its floor, the redirect to follow once the subscriber is past it. The subscriber, whose stream
+    had ended, reconnected on its own to broker-a in between, and broker-a served it, telling the
+    messages after its position that it lacked as a gap: 1,249 acknowledged messages, all held by
+    broker-b. A standby that lacks messages after a subscriber's position sends it to its peer."""
+    pair = await pair_factory()
+    a, b = pair.active, pair.standby
+    first = Consumer(pair, "desk", 100)
+    async with consuming(first):
+        await asyncio.wait_for(first.sub.connected.wait(), 10)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, 100)
+    a.kill9()
+    # broker-b serves desk (it promotes itself for it) and acknowledges 101..600 alone; desk reads to 150.
+    async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+        await _publish_from(pub, 101, 600)
+    second = Subscriber(pair.addresses, "desk", TOPIC, durable=True, mode="migrate", on_gap="report")
+    got, gaps, served_by = await _read_until(second, 150)
+    assert (got[-1], gaps, served_by) == (150, [], {"broker-b"})
+    a.env["SOKUTATSU_BROKER_LISTEN"] = a.address
+    a.start()
+
+    async def hear_each_other() -> bool:
+        return all([(await _role(a.address)).peer_up, (await _role(b.address)).peer_up])
+
+    await until(hear_each_other, "the brokers to hear each other again")
+    # Step 2 of a move of desk onto broker-a, and no further: broker-a serves the queue from its floor.
+    async with open_channel(b.address, cluster=True) as b_ch, open_channel(a.address, cluster=True) as a_ch:
+        subs = await broker_pb2_grpc.BrokerAdminStub(b_ch).ListSubscriptions(
+            broker_pb2.ListSubscriptionsRequest(topic=TOPIC), timeout=10
+        )
+        spec = next(s for s in subs.subscriptions if s.subscriber_id == "desk")
+        position = await broker_pb2_grpc.BrokerControlStub(b_ch).GetSwitchPosition(
+            broker_pb2.GetSwitchPositionRequest(subscriber_id="desk", topic=TOPIC), timeout=10
+        )
+        assert dict(position.position.last_seq) == {"feed": 150}
+
+        async def accepted() -> bool:
+            try:
+                reply = await broker_pb2_grpc.BrokerControlStub(a_ch).AcceptSubscriber(
+                    broker_pb2.AcceptSubscriberRequest(subscription=spec, position=position.position), timeout=10
+                )
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:  # not yet its peer's holdings
+                    raise
+                return False
+            assert dict(reply.floor.last_seq)["feed"] == 600  # broker-a holds desk's messages only after 600
+            return True
+
+        await until(accepted, "broker-a to accept desk")
+    # desk comes back on its own, broker-a first, and reads until 600 or a gap.
+    desk = Subscriber(
+        [a.address, b.address], "desk", TOPIC, durable=True, mode="migrate", position={"feed": 150}, on_gap="report"
+    )
+    got, gaps, served_by = await _read_until(desk, 600)
+    assert not gaps, f"told a gap: {gaps} (served by {served_by})"
+    assert got == list(range(151, 601))
+    assert served_by == {"broker-b"}
+
+
+async def _read_until(sub: Subscriber, last: int) -> tuple[list[int], list[object], set[str]]:
+    """Read ``sub`` until message ``last`` or a gap; (sequence numbers, gaps, brokers that served)."""
+    got: list[int] = []
+    served_by: set[str] = set()
+
+    async def read() -> None:
+        async for message in sub:
+            got.append(message.publisher_seq)
+            served_by.add(sub.broker_id)
+            if message.publisher_seq == last:
+                return
+
+    await sub.start()
+    reading = asyncio.create_task(read())
+    try:
+        try:
+            await until(lambda: _async(bool(sub.gaps) or reading.done()), f"message {last} or a gap")
+        except HarnessError as exc:
+            raise AssertionError(f"{exc}: got {len(got)} ({got[:2]}..{got[-2:]}) from {served_by}") from None
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        await sub.close()
+    return got, list(sub.gaps), served_by
 
 
 async def test_a_restarted_active_comes_back_as_standby_at_its_epoch(

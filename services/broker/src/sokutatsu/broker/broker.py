@@ -408,7 +408,19 @@ class Broker:
             raise Unavailable(f"{echo(spec.subscriber_id)} connected to {echo(spec.topic)} twice at once; retry")
         if queue.state != SERVING:
             await self._claim(queue)
-        generation = queue.attach(dict(open_frame.position.last_seq), open_frame.credits)
+        position = dict(open_frame.position.last_seq)
+        if self.role == STANDBY and self.peer and self.peer_up and queue.lacks_after(position):
+            # Invariant 4 (pair_state.py): a standby that took the queue (switchover step 2) serves
+            # it from where it holds its messages; a subscriber that comes before the redirect,
+            # from further back, goes to the peer that holds them (chaos seed 7102: served here,
+            # it was told 1,249 acknowledged messages as a gap).
+            raise PeerServes(
+                broker_pb2.Redirect(
+                    target=self.peer,
+                    reason="this broker lacks messages after your position (it was away); its peer holds them",
+                )
+            )
+        generation = queue.attach(position, open_frame.credits)
         self.subscriber_streams += 1
         return queue, generation
 

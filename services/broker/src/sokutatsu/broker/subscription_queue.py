@@ -760,6 +760,11 @@ class SubscriptionQueue:
             self.lacks[publisher] = seq
         return raised
 
+    def lacks_after(self, position: dict[str, int]) -> bool:
+        """Whether this copy may lack a message after ``position`` (the peer's holdings said it has
+        messages this copy was away for)."""
+        return any(seq > position.get(publisher, 0) for publisher, seq in self.lacks.items())
+
     @property
     def behind(self) -> bool:
         """Whether this copy may lack a message its subscriber has not acknowledged."""
