@@ -1,17 +1,25 @@
-"""One local SparkSession for the whole analytics test session (starting one takes seconds)."""
+"""One local SparkSession for the whole analytics test session (starting one takes seconds).
+
+These modules import pyspark (and what the job brings: pyarrow, matplotlib) inside the fixtures
+and tests that use it, not at the top: every pytest process collects every test module, and
+only the worker that runs the Spark group needs them (about 2-3 s of CPU per process to import).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark.sql import SparkSession
 
-from sokutatsu.analytics.job import spark_session
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    from sokutatsu.analytics.job import spark_session  # noqa: PLC0415 - see the docstring
+
     session = spark_session("local[2]")
     yield session
     session.stop()

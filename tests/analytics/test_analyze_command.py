@@ -6,15 +6,16 @@ import csv
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from sokutatsu.analytics.job import analyze
 from sokutatsu.cli.app import app
 from tests.analytics.tracegen import generate, write_otlp
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -40,6 +41,8 @@ FIGURES = (
 
 @pytest.mark.timeout(300)  # a JVM of its own: tens of seconds on a busy 2-core machine
 def test_analyze_writes_the_report(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     traces, out = tmp_path / "traces", tmp_path / "out"
     write_otlp(generate(5, publishers=2, subscribers=2, topics=2, batches=5), traces, 5)
     with (traces / "broken.jsonl").open("w", encoding="utf-8") as f:
@@ -79,6 +82,8 @@ def test_analyze_without_spans_fails_in_one_line(spark: SparkSession, tmp_path: 
 
 def test_the_job_leaves_nothing_cached_in_a_session_it_shares(spark: SparkSession, tmp_path: Path) -> None:
     """In a notebook's long-lived session, every run's persisted spans and runs must be released."""
+    from sokutatsu.analytics.job import analyze  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     write_otlp(generate(6, publishers=2, subscribers=2, topics=2, batches=5), tmp_path / "traces", 6)
     spark.catalog.clearCache()  # other tests' frames: they are recomputed when used again
     cache = spark._jsparkSession.sharedState().cacheManager()  # no public API lists cached plans

@@ -5,18 +5,21 @@ The figures themselves come from `make bench`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark.sql import SparkSession
 
-from sokutatsu.analytics import synthetic, transforms
-from sokutatsu.analytics.reader import read_spans
 from sokutatsu.bench.analytics import run
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.spark]
 
 
 def test_a_tiny_run_measures_the_job(spark: SparkSession) -> None:
+    from pyspark.sql import SparkSession  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     result = run(3_000)
     assert result["spans"] >= 3_000
     assert result["seconds"] > 0
@@ -29,6 +32,9 @@ def test_a_tiny_run_measures_the_job(spark: SparkSession) -> None:
 
 
 def test_generated_spans_audit_clean(spark: SparkSession, tmp_path: Path) -> None:
+    from sokutatsu.analytics import synthetic, transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+    from sokutatsu.analytics.reader import read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     written = synthetic.write(tmp_path, 5_000, subscribers=2)
     read = read_spans(spark, str(tmp_path))
     assert read.span_count == written

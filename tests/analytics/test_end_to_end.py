@@ -11,13 +11,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark.sql import SparkSession
 
-from sokutatsu.analytics import transforms
-from sokutatsu.analytics.reader import read_spans
 from tests.broker.fix_broker import BrokerProcess
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.spark]
 
@@ -63,6 +64,9 @@ asyncio.run(main())
 async def test_a_real_runs_traces_show_every_message_processed_once(
     broker_factory: Callable[..., BrokerProcess], spark: SparkSession, tmp_path: Path
 ) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+    from sokutatsu.analytics.reader import read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     traces = tmp_path / "traces"
     broker = broker_factory()
     broker.env["SOKUTATSU_TRACE_DIR"] = str(traces)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark.sql import SparkSession
 
-from sokutatsu.analytics.reader import NoSpansError, read_spans
 from tests.analytics.tracegen import generate, write_otlp
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 
@@ -62,6 +64,8 @@ MALFORMED = [
 
 
 def test_other_encodings_of_otlp_json_are_read(spark: SparkSession, tmp_path: Path) -> None:
+    from sokutatsu.analytics.reader import read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     (tmp_path / "other.jsonl").write_text(json.dumps(HAND_WRITTEN) + "\n", encoding="utf-8")
     read = read_spans(spark, str(tmp_path))
     assert (read.span_count, read.lines, read.malformed_lines, read.incomplete_spans) == (1, 1, 0, 1)
@@ -88,6 +92,8 @@ def test_other_encodings_of_otlp_json_are_read(spark: SparkSession, tmp_path: Pa
 
 
 def test_malformed_lines_are_counted_and_skipped(spark: SparkSession, tmp_path: Path) -> None:
+    from sokutatsu.analytics.reader import read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set = generate(11, publishers=1, subscribers=1, topics=1, batches=3)
     paths = write_otlp(trace_set, tmp_path, 11)
     good_lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
@@ -103,6 +109,8 @@ def test_malformed_lines_are_counted_and_skipped(spark: SparkSession, tmp_path: 
 
 
 def test_no_spans_is_an_error(spark: SparkSession, tmp_path: Path) -> None:
+    from sokutatsu.analytics.reader import NoSpansError, read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     with pytest.raises(NoSpansError, match="no spans in"):
         read_spans(spark, str(tmp_path / "missing"))
     (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from pyspark.sql import SparkSession
 
-from sokutatsu.analytics import transforms
-from sokutatsu.analytics.reader import SpanRead, read_spans
 from tests.analytics import reference
 from tests.analytics.tracegen import TraceSet, generate, write_otlp
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sokutatsu.analytics.reader import SpanRead
 
 pytestmark = pytest.mark.spark
 
@@ -22,6 +24,8 @@ SEEDS = (1, 2)  # each seed costs a few seconds of Spark; their shapes differ
 def traces(
     request: pytest.FixtureRequest, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[TraceSet, SpanRead]:
+    from sokutatsu.analytics.reader import read_spans  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     seed: int = request.param
     trace_set = generate(seed, publishers=2 + seed % 2, subscribers=3, topics=2 + seed % 2)
     directory = tmp_path_factory.mktemp(f"traces{seed}")
@@ -46,6 +50,8 @@ def test_every_span_is_read_once(traces: tuple[TraceSet, SpanRead]) -> None:
 
 @pytest.mark.parametrize("window_seconds", [1.0, 0.25, 3.0])
 def test_delivery_latency_matches_the_reference(traces: tuple[TraceSet, SpanRead], window_seconds: float) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.delivery_latency(trace_set.spans, round(window_seconds * 1e9))
     rows = transforms.delivery_latency(read.spans, window_seconds).collect()
@@ -57,6 +63,8 @@ def test_delivery_latency_matches_the_reference(traces: tuple[TraceSet, SpanRead
 
 
 def test_loss_audit_matches_the_reference_and_the_truth(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.loss_audit(trace_set.spans)
     actual = {(r["subscriber"], r["topic"]): r.asDict() for r in transforms.loss_audit(read.spans).collect()}
@@ -71,6 +79,8 @@ def test_loss_audit_matches_the_reference_and_the_truth(traces: tuple[TraceSet, 
 
 
 def test_dependency_graph_matches_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.dependency_graph(trace_set.spans)
     rows = transforms.dependency_graph(read.spans).collect()
@@ -82,6 +92,8 @@ def test_dependency_graph_matches_the_reference(traces: tuple[TraceSet, SpanRead
 
 
 def test_switchover_steps_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.switchover_steps(trace_set.spans)
     actual: dict[str, list[tuple[str, float, float]]] = {}
@@ -98,6 +110,8 @@ def test_switchover_steps_match_the_reference(traces: tuple[TraceSet, SpanRead])
 
 
 def test_transfers_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.transfers(trace_set.spans)
     rows = transforms.transfers(read.spans).collect()
@@ -111,6 +125,8 @@ def test_transfers_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> Non
 
 
 def test_sequencer_fills_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.sequencer_fills(trace_set.spans)
     rows = transforms.sequencer_fills(read.spans).collect()
@@ -122,6 +138,8 @@ def test_sequencer_fills_match_the_reference(traces: tuple[TraceSet, SpanRead]) 
 
 @pytest.mark.parametrize("phase_seconds", [1.0, 0.3])
 def test_switchover_comparison_matches_the_reference(traces: tuple[TraceSet, SpanRead], phase_seconds: float) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.switchover_comparison(trace_set.spans, round(phase_seconds * 1e9))
     rows = transforms.switchover_comparison(read.spans, phase_seconds).collect()
@@ -139,6 +157,8 @@ def test_switchover_comparison_matches_the_reference(traces: tuple[TraceSet, Spa
 
 
 def test_sequencer_domains_match_the_reference(traces: tuple[TraceSet, SpanRead]) -> None:
+    from sokutatsu.analytics import transforms  # noqa: PLC0415 - Spark only where it runs (conftest.py)
+
     trace_set, read = traces
     expected = reference.sequencer_domains(trace_set.spans)
     actual = {r["domain"]: r.asDict() for r in transforms.sequencer_domains(read.spans).collect()}
