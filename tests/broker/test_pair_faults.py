@@ -8,7 +8,7 @@ publishing goes on while one broker is healthy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
@@ -487,3 +487,70 @@ async def test_a_restarted_publisher_resumes_on_a_broker_that_holds_less(
         await until(behind_takes_new_ones, "the broker that held less to take the restarted publisher's messages")
         await restarted.flush()
     assert (await stats(ahead.address)).published_total == sent
+
+
+async def test_a_subscription_learnt_from_the_peers_holdings_frame_takes_those_holdings(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The same chaos run (seed 7102, reproduced once more by the test above under load): broker-a
+    came back without the subscription it had made just before it was killed, and broker-b's
+    first frame brought both the subscription and its holdings. The holdings were applied before
+    the subscription was created, so broker-a's new queue said it held everything and took the
+    subscriber from its position (AcceptSubscriber's floor without the publisher). Here a lone
+    standby gets one such frame from a stand-in peer: the subscription, and holdings of 600 from
+    feed; its floor must say 600."""
+    b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
+    b.start()
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
+    frame = broker_pb2.DeliveredWatermarks(
+        broker_id="broker-b",
+        address="127.0.0.1:1",
+        role=broker_pb2.BROKER_ROLE_ACTIVE,
+        epoch=1,
+        subscriptions=[desk],
+        subscriptions_included=True,
+        session=1,
+        holdings_included=True,
+        holdings=[
+            broker_pb2.SubscriberHoldings(
+                topic=TOPIC, subscriber_id="desk", last_enqueued=broker_pb2.Position(last_seq={"feed": 600})
+            )
+        ],
+    )
+    done = asyncio.Event()
+
+    async def frames() -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
+        yield frame
+        await done.wait()
+
+    async with open_channel(b.address, cluster=True) as channel:
+        control = broker_pb2_grpc.BrokerControlStub(channel)
+        stream = asyncio.ensure_future(control.ReplicateWatermarks(frames(), timeout=60))
+        floor: dict[str, int] = {}
+
+        async def accepted() -> bool:
+            try:
+                reply = await control.AcceptSubscriber(
+                    broker_pb2.AcceptSubscriberRequest(
+                        subscription=desk, position=broker_pb2.Position(last_seq={"feed": 150})
+                    ),
+                    timeout=10,
+                )
+            except aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
+                    raise
+                return False
+            floor.update(reply.floor.last_seq)
+            return True
+
+        try:
+
+            async def heard() -> bool:
+                return (await _role(b.address)).peer_up
+
+            await until(heard, "the standby to hear the stand-in peer")
+            await until(accepted, "the standby to accept desk")
+        finally:
+            done.set()
+            await asyncio.gather(stream, return_exceptions=True)
+    assert floor.get("feed") == 600, floor

@@ -305,3 +305,27 @@ def test_a_broker_promoted_by_the_monitor_steps_down_after_the_grace_the_call_ca
     now[0] += end * 0.02
     assert state.check_lease()
     assert (state.role, state.epoch) == (STANDBY, 2)
+
+
+def test_an_active_its_peer_does_not_hear_steps_down_when_its_lease_lapsed(tmp_path: Path) -> None:
+    """Chaos seed 7102: the pair's link cut towards broker-b only and the monitor's answers from
+    broker-a lost. broker-a still heard broker-b, so it kept its role after its lease lapsed, and
+    answered ACTIVE for 0.1 s beside broker-b, promoted, until broker-b's first frame. broker-b's
+    frames say it does not hear broker-a: broker-a steps down on them once its lease lapsed, as
+    when it does not hear its peer; while they say it is heard, it keeps its role without a lease
+    (a healthy pair with its monitor down)."""
+    now = [0.0]
+    state = _monitored_standby(tmp_path, now)
+    state.heard(1, True)
+    state.set_by_monitor(ACTIVE, 1, 1.0)
+    token, _ = state.take_token()
+    assert state.grant(token, 1, 1.0)
+    for _ in range(5):  # the lease lapses; the peer's frames go on, saying they hear it
+        now[0] += 0.5
+        state.heard(1, False, hears_me=True)
+        assert not state.check_lease()
+    assert state.role == ACTIVE
+    now[0] += 0.05
+    state.heard(1, False, hears_me=False)
+    assert state.check_lease()
+    assert (state.role, state.epoch) == (STANDBY, 1)

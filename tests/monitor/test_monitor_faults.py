@@ -181,7 +181,10 @@ async def test_a_flooded_active_the_monitor_cannot_hear_is_not_failed_over(
     every run). The standby still hears the active through the pair link, so the active is busy,
     not dead: the monitor holds the failover (it promoted broker-b at epoch 1 before) and the
     pair keeps its roles. Once the monitor hears broker-a again, nothing has moved."""
-    a, b = broker_pair()
+    # The test's premise is that broker-b keeps hearing broker-a through the flood: a peer timeout
+    # that four test workers on two cores cannot starve past (with 1 s, broker-b sometimes stopped
+    # hearing it, and the monitor then rightly promoted broker-b, which holds everything).
+    a, b = broker_pair(peer_timeout_ms="5000")
     proxy = TcpProxy(a.address)
     await proxy.start()
     monitor = monitor_factory(brokers=f"broker-a={proxy.address},broker-b={b.address}")

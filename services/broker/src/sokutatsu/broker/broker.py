@@ -873,7 +873,7 @@ class Broker:
     def apply_watermarks(self, frame: broker_pb2.DeliveredWatermarks) -> None:
         """The peer's frame: it is up; its holdings (at a new session); trim the shadows of the
         subscribers it serves; and, when both are active, the older epoch steps down."""
-        self.pair.heard(frame.session, frame.holdings_included)
+        self.pair.heard(frame.session, frame.holdings_included, hears_me=not frame.not_hearing_you)
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self._apply_holdings(frame.holdings)

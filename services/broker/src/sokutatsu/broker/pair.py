@@ -145,6 +145,7 @@ async def _frames(
                 address=address,
                 role=broker.role,
                 epoch=broker.epoch,
+                not_hearing_you=not broker.pair.peer_up,
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
                 subscriptions_included=version != subscriptions_sent,
                 expired=[
@@ -176,11 +177,13 @@ async def receive_watermarks(
     async def apply() -> None:
         async for frame in frames:
             check_role(frame.role, "DeliveredWatermarks.role")
+            # The frame's subscriptions first: its holdings must reach the queues it creates (a
+            # queue made after them said it held everything: chaos seed 7102).
+            if frame.subscriptions_included or frame.subscriptions:
+                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
             broker.apply_watermarks(frame)
             if frame.expired:
                 await broker.apply_expired(frame.expired)
-            if frame.subscriptions_included or frame.subscriptions:
-                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
 
     if stopping.is_set():
         return

@@ -59,7 +59,10 @@ below are enforced here and nowhere else.
    plus ``lease_ms``, also when the answer is lost) steps down to standby at its epoch
    (:meth:`PairState.check_lease`, run with :meth:`tick` before it answers a role or statistics,
    takes a subscriber or acknowledges): it never answers ``ACTIVE``
-   beside the standby the monitor promotes. Only the monitor makes it active again (``SetRole``
+   beside the standby the monitor promotes. The same holds for an active whose peer's frames say
+   the peer does not hear it (a link cut one way, ``not_hearing_you``): before, it stayed
+   ``ACTIVE`` until the promoted peer's first frame (chaos seed 7102, 0.1 s with two actives).
+   Only the monitor makes it active again (``SetRole``
    at a newer epoch), never its peer's frames: a frame saying the peer is standby may have left
    before the monitor promoted that peer, so a broker that came back active on it answered
    ``ACTIVE`` beside the promoted peer (chaos seed 2630, on a loaded machine). So a monitored pair
@@ -151,6 +154,8 @@ class PairState:
     alone_until: float = 0.0
     tokens: dict[int, tuple[float, bool]] = field(default_factory=dict)
     last_token: int = 0
+    # Whether the peer's last frame said it hears this broker (a link cut one way: it does not).
+    peer_hears_me: bool = True
 
     @classmethod
     def load(
@@ -237,13 +242,15 @@ class PairState:
         self.peer = address
         self.save()
 
-    def heard(self, peer_session: int, holdings_included: bool) -> bool:
-        """A frame from the peer arrived; True when it opens a new session of this broker's.
+    def heard(self, peer_session: int, holdings_included: bool, hears_me: bool = True) -> bool:
+        """A frame from the peer arrived (``hears_me``: whether the peer said it hears this one);
+        True when it opens a new session of this broker's.
 
         Call before applying the frame's holdings.
         """
         new_session = not self.peer_up or self.session == 0
         self.heard_at = self.clock()
+        self.peer_hears_me = hears_me
         if new_session:
             self.session += 1
         if peer_session != self.peer_session:
@@ -327,18 +334,19 @@ class PairState:
         )
 
     def check_lease(self) -> bool:
-        """A monitored active that hears neither its peer nor holds a lease steps down (invariant 6);
-        True when it did."""
-        if not self.monitored or self.role != ACTIVE or self.peer_up:
+        """A monitored active that holds no lease and does not hear its peer, or is not heard by it,
+        steps down (invariant 6); True when it did."""
+        if not self.monitored or self.role != ACTIVE or (self.peer_up and self.peer_hears_me):
             return False
         now = self.clock()
         if not self.lease_until or now < self.lease_until:
             return False
         why = "its lease from the monitor lapsed" if self.lease_until else "the monitor granted it no lease"
+        cut = "it does not hear its peer" if not self.peer_up else "its peer does not hear it"
         return self.change(
             STANDBY,
             self.epoch,
-            f"it does not hear its peer and {why}: the monitor may promote the peer (SOKUTATSU_BROKER_MONITORED)",
+            f"{cut} and {why}: the monitor may promote the peer (SOKUTATSU_BROKER_MONITORED)",
         )
 
     # ----------------------------------------------------------------- roles --

@@ -1825,6 +1825,7 @@ class DeliveredWatermarks(_message.Message):
     HOLDINGS_FIELD_NUMBER: _builtins.int
     EXPIRED_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_INCLUDED_FIELD_NUMBER: _builtins.int
+    NOT_HEARING_YOU_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -1855,6 +1856,12 @@ class DeliveredWatermarks(_message.Message):
     list that still holds it (the sender had not deleted it yet); once a whole
     list without it has come, a later list that holds it names a new one (a
     client created it again on the sender), which the receiver creates.
+    """
+    not_hearing_you: _builtins.bool
+    """Set while the sender does not hear the receiver (no frame from it within
+    its peer timeout): the link works one way only. A monitored active whose
+    lease lapsed steps down on it as when it does not hear its peer, since
+    the monitor may promote the sender (pair_state.py, invariant 6).
     """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
@@ -1890,10 +1897,11 @@ class DeliveredWatermarks(_message.Message):
         holdings: _abc.Iterable[Global___SubscriberHoldings] | None = ...,
         expired: _abc.Iterable[Global___SubscriptionName] | None = ...,
         subscriptions_included: _builtins.bool = ...,
+        not_hearing_you: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
