@@ -876,7 +876,7 @@ class Broker:
         self.pair.heard(frame.session, frame.holdings_included, hears_me=not frame.not_hearing_you)
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
-            self._apply_holdings(frame.holdings)
+            self.apply_holdings(frame.holdings)
         if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
             self._roles_changed()
         for mark in frame.subscribers:
@@ -899,7 +899,7 @@ class Broker:
             if q.spec.durable
         ]
 
-    def _apply_holdings(self, holdings: Sequence[broker_pb2.SubscriberHoldings]) -> None:
+    def apply_holdings(self, holdings: Sequence[broker_pb2.SubscriberHoldings]) -> None:
         """The peer put these numbers in its queues; a queue here that has less may lack them.
 
         A subscriber the peer served (away here) that the peer no longer serves (it restarted) is

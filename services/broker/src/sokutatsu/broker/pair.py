@@ -177,13 +177,15 @@ async def receive_watermarks(
     async def apply() -> None:
         async for frame in frames:
             check_role(frame.role, "DeliveredWatermarks.role")
-            # The frame's subscriptions first: its holdings must reach the queues it creates (a
-            # queue made after them said it held everything: chaos seed 7102).
-            if frame.subscriptions_included or frame.subscriptions:
-                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
             broker.apply_watermarks(frame)
             if frame.expired:
                 await broker.apply_expired(frame.expired)
+            if frame.subscriptions_included or frame.subscriptions:
+                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
+                if frame.holdings_included:
+                    # Again, for the queues just created: made after the holdings, one said it
+                    # held everything (chaos seed 7102). Applying holdings twice changes nothing.
+                    broker.apply_holdings(frame.holdings)
 
     if stopping.is_set():
         return
