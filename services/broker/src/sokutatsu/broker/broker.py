@@ -409,11 +409,12 @@ class Broker:
         if queue.state != SERVING:
             await self._claim(queue)
         position = dict(open_frame.position.last_seq)
-        if self.role == STANDBY and self.peer and self.peer_up and queue.lacks_after(position):
-            # Invariant 4 (pair_state.py): a standby that took the queue (switchover step 2) serves
+        if queue.taken_pending and self.peer and self.peer_up and queue.lacks_after(position):
+            # Invariant 4 (pair_state.py): a broker that took the queue at switchover step 2 serves
             # it from where it holds its messages; a subscriber that comes before the redirect,
-            # from further back, goes to the peer that holds them (chaos seed 7102: served here,
-            # it was told 1,249 acknowledged messages as a gap).
+            # from further back, goes back to the peer, which serves it until its redirect (chaos
+            # seed 7102: served here, it was told 1,249 acknowledged messages as a gap). Only then:
+            # a peer whose copy is away would send it back here.
             raise PeerServes(
                 broker_pb2.Redirect(
                     target=self.peer,
@@ -421,6 +422,7 @@ class Broker:
                 )
             )
         generation = queue.attach(position, open_frame.credits)
+        queue.taken_pending = False
         self.subscriber_streams += 1
         return queue, generation
 
@@ -791,6 +793,7 @@ class Broker:
                 "delete and recreate it on both brokers"
             )
         queue.serve()
+        queue.taken_pending = not queue.attached
         topic.reindex()
         return queue, queue.trim(position)
 

@@ -140,6 +140,9 @@ class SubscriptionQueue:
         # acknowledged (a hole left while its broker was away, or an away copy trimmed to its tail);
         # an entry goes once `acked` reaches it. Empty: this copy holds all the subscriber still needs.
         self.lacks: dict[str, int] = {}
+        # Taken at switchover step 2 and no stream attached since: the source still serves the
+        # subscriber until its redirect (Broker.attach sends one from before the floor there).
+        self.taken_pending = False
         # Per publisher, the last number the subscriber acknowledged (or had when it connected).
         self.acked: dict[str, int] = {}
         # Set when `acked` moved since the last watermark frame was sent to the peer.
@@ -680,6 +683,7 @@ class SubscriptionQueue:
 
     def leave(self, redirect: broker_pb2.Redirect) -> bool:
         """Switchover step 3: end the stream with ``redirect``; True if one was attached."""
+        self.taken_pending = False
         if self.state not in (SERVING, LEAVING):  # pragma: no cover - the broker checks first
             raise ValueError(f"leave() on a {self.state} copy")
         self.state = LEAVING
@@ -697,6 +701,7 @@ class SubscriptionQueue:
         """
         if self.attached:  # pragma: no cover - the broker checks first
             raise ValueError("hand_over() with a stream attached")
+        self.taken_pending = False
         cleared = 0
         if keep_tail:
             kept = self._take_newest(self.away_tail)
@@ -738,6 +743,7 @@ class SubscriptionQueue:
     def shadow(self, peer: str) -> bool:
         """This broker became standby: a copy it served or kept away becomes a shadow, and an
         attached stream is redirected to ``peer``. True when the state changed."""
+        self.taken_pending = False
         if self.state == SERVING:
             self.state = SHADOW
             if self.attached and peer:
