@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sokutatsu.bench.peers_clients import WINDOW
+from sokutatsu.bench.peers_clients import WINDOW, publish_with_room
 
 KEYS = 300
 GROUPS = 16
@@ -74,15 +74,7 @@ class _SokutatsuSender:
     pub: Any  # sokutatsu.client.Publisher
 
     async def send(self, key: str, body: bytes) -> None:
-        from sokutatsu.client import BufferFull  # noqa: PLC0415 - each system imports only its own client
-
-        while True:
-            try:
-                self.pub.publish_nowait(TOPIC, key, body)
-            except BufferFull:
-                await self.pub.wait_for_room()
-            else:
-                return
+        await publish_with_room(self.pub, TOPIC, key, body)
 
     async def flush(self) -> None:
         await self.pub.flush()

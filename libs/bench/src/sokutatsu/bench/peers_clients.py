@@ -129,21 +129,26 @@ class SokutatsuPeer:
             yield bodies()
 
 
+async def publish_with_room(pub: Any, topic: str, key: str, body: bytes) -> None:
+    """``pub.publish_nowait`` (a ``sokutatsu.client.Publisher``), waiting for room in its window."""
+    from sokutatsu.client import BufferFull  # noqa: PLC0415 - each system imports only its own client
+
+    while True:
+        try:
+            pub.publish_nowait(topic, key, body)
+        except BufferFull:
+            await pub.wait_for_room()
+        else:
+            return
+
+
 @dataclass
 class _SokutatsuSender:
     pub: Publisher
     topic: str
 
     async def send(self, body: bytes) -> None:
-        from sokutatsu.client import BufferFull  # noqa: PLC0415
-
-        while True:
-            try:
-                self.pub.publish_nowait(self.topic, "7203.T", body)
-            except BufferFull:
-                await self.pub.wait_for_room()
-            else:
-                return
+        await publish_with_room(self.pub, self.topic, "7203.T", body)
 
     async def flush(self) -> None:
         await self.pub.flush()
