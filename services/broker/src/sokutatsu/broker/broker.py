@@ -136,6 +136,10 @@ class Broker:
         # peer's comes without it: from then on a list that holds it names a new subscription
         # (created again on the peer), which is adopted (adopt_subscriptions).
         self._deleted: set[tuple[str, str]] = set()
+        # The peer's holdings of its last session, per durable (topic, subscriber id): a queue
+        # created here later (adopted from the peer's list, or taken by AcceptSubscriber before the
+        # list arrived) takes them when it is made, whatever the order (pair_state.py, invariant 4).
+        self._peer_holdings: dict[tuple[str, str], broker_pb2.SubscriberHoldings] = {}
         # The broker's retention maximums (each queue's default; a subscription may ask for less).
         self.retention = Retention(
             max_bytes=settings.retention_max_bytes,
@@ -261,6 +265,9 @@ class Broker:
         )
         topic.queues[spec.subscriber_id] = queue
         topic.reindex()
+        held = self._peer_holdings.get((spec.topic, spec.subscriber_id)) if spec.durable else None
+        if held is not None:
+            self._take_holdings(queue, held)
         return queue
 
     def subscription_spec(self, sub: broker_pb2.Subscription) -> SubscriptionSpec:
@@ -356,6 +363,7 @@ class Broker:
         if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
             del topic.queues[queue.spec.subscriber_id]
             topic.reindex()
+            self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
         queue.discard()
 
     async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> tuple[SubscriptionQueue, int]:
@@ -903,26 +911,37 @@ class Broker:
         ]
 
     def apply_holdings(self, holdings: Sequence[broker_pb2.SubscriberHoldings]) -> None:
-        """The peer put these numbers in its queues; a queue here that has less may lack them.
+        """The peer put these numbers in its queues (all of them, for its current session); a queue
+        here that has less may lack them. They are kept until the next session's: a queue created
+        here meanwhile takes them when it is made (``_add_queue``), so no order of the peer's frame,
+        its subscription list and an ``AcceptSubscriber`` leaves a new queue saying it holds
+        everything (chaos seed 7102; a fresh-clone CI run with AcceptSubscriber between the two).
 
         A subscriber the peer served (away here) that the peer no longer serves (it restarted) is
         served here again by the active: otherwise each broker would redirect it to the other.
         """
+        self._peer_holdings = {(held.topic, held.subscriber_id): held for held in holdings}
         raised = 0
         for held in holdings:
             topic = self.topics.get(held.topic)
             queue = topic.queues.get(held.subscriber_id) if topic else None
             if queue is None:
                 continue
-            for publisher, seq in held.last_enqueued.last_seq.items():
-                if publisher in self.streaming:
-                    continue  # what the peer has more of is on its way here (or a recorded hole)
-                if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
-                    raised += 1
+            raised += self._take_holdings(queue, held)
             if queue.state == AWAY and not held.serves and self.role == ACTIVE:
                 self.take_over(queue, "the peer no longer serves it (it restarted)")
         if raised:
             log.info("the peer's holdings: %d publisher floor(s) raised (messages this broker may lack)", raised)
+
+    def _take_holdings(self, queue: SubscriptionQueue, held: broker_pb2.SubscriberHoldings) -> int:
+        """Raise ``queue``'s floor to what the peer holds of each publisher; how many rose."""
+        raised = 0
+        for publisher, seq in held.last_enqueued.last_seq.items():
+            if publisher in self.streaming:
+                continue  # what the peer has more of is on its way here (or a recorded hole)
+            if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
+                raised += 1
+        return raised
 
     @property
     def caught_up(self) -> bool:

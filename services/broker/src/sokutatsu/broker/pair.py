@@ -181,11 +181,8 @@ async def receive_watermarks(
             if frame.expired:
                 await broker.apply_expired(frame.expired)
             if frame.subscriptions_included or frame.subscriptions:
+                # The queues this creates take the peer's holdings as they are made (Broker._add_queue).
                 await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
-                if frame.holdings_included:
-                    # Again, for the queues just created: made after the holdings, one said it
-                    # held everything (chaos seed 7102). Applying holdings twice changes nothing.
-                    broker.apply_holdings(frame.holdings)
 
     if stopping.is_set():
         return

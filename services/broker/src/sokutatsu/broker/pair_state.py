@@ -27,7 +27,8 @@ below are enforced here and nowhere else.
    frame, its *holdings*: per durable queue, the last number of each publisher it put
    there. They are taken after it heard the peer, so they cover everything it
    acknowledged alone. The receiver raises its queues' floors to them (it may lack
-   those messages: it was away) and is :attr:`synced` only while it holds the holdings
+   those messages: it was away), and those of queues it makes later as it makes them, and
+   is :attr:`synced` only while it holds the holdings
    of the peer's current session. ``AcceptSubscriber`` is refused until then, and its
    floor then says from where this broker holds the subscriber's messages, including
    publishers it has not heard from since it came back. A standby that serves a queue it may
