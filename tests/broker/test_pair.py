@@ -55,7 +55,10 @@ async def switch(source: BrokerProcess, target: BrokerProcess, target_id: str, s
                 continue
             if _covers(dict(position.position.last_seq), dict(accepted.floor.last_seq)):
                 break
-            assert asks < 2000, "the switch position never covered the taking broker's floor"
+            assert asks < 2000, (
+                f"the switch position {dict(position.position.last_seq)} never covered the taking broker's floor "
+                f"{dict(accepted.floor.last_seq)}"
+            )
             await asyncio.sleep(0.005)
         await src.RedirectSubscriber(
             broker_pb2.RedirectSubscriberRequest(

@@ -15,6 +15,7 @@ from tests.broker.fix_broker import Pair, stats, subscriber_stats, until
 from tests.broker.test_pair import TOPIC, switch
 
 pytestmark = pytest.mark.timeout(180)
+RECEIVE_LIMIT_SECONDS = 60.0
 
 
 async def _publish_kib(pair: Pair, total: int) -> None:
@@ -159,10 +160,17 @@ async def test_a_subscriber_moved_to_a_copy_that_discarded_what_it_already_has_i
         assert sub.position == {}  # nothing processed: the window is only in the SDK's buffer
         await switch(pair.active, pair.standby, "broker-b", "stalled")
         seqs: list[int] = []
-        async for message in sub:
-            seqs.append(message.publisher_seq)
-            if message.publisher_seq == total:
-                break
+        try:
+            # Only stops a hung receive, with what it got (a bound on waiting, not a timing check).
+            async with asyncio.timeout(RECEIVE_LIMIT_SECONDS):
+                async for message in sub:
+                    seqs.append(message.publisher_seq)
+                    if message.publisher_seq == total:
+                        break
+        except TimeoutError:
+            raise AssertionError(
+                f"message {total} never came: got {len(seqs)} (last {seqs[-3:]}) from {sub.broker_id}, gaps {sub.gaps}"
+            ) from None
         assert sub.broker_id == "broker-b"
         gaps = [(g.first_missing, g.last_missing, g.reason, g.dropped) for g in sub.gaps]
     assert seqs[:window] == list(range(1, window + 1))
