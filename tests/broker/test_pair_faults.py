@@ -8,7 +8,9 @@ publishing goes on while one broker is healthy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -24,6 +26,9 @@ from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
 from tests.broker import raw
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 from tests.broker.test_pair import TOPIC, Consumer, _async, _role, consuming, switch
+
+if TYPE_CHECKING:  # the async stubs exist in the type stubs only
+    from sokutatsu.broker.v1.broker_pb2_grpc import BrokerControlAsyncStub
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -489,6 +494,75 @@ async def test_a_restarted_publisher_resumes_on_a_broker_that_holds_less(
     assert (await stats(ahead.address)).published_total == sent
 
 
+def _holdings_frame(subscriptions: list[broker_pb2.Subscription], feed: int) -> broker_pb2.DeliveredWatermarks:
+    """A stand-in active peer's first frame: session 1, ``subscriptions`` (empty: no list),
+    and holdings of ``feed`` messages from publisher "feed" in desk's queue."""
+    return broker_pb2.DeliveredWatermarks(
+        broker_id="broker-b",
+        address="127.0.0.1:1",
+        role=broker_pb2.BROKER_ROLE_ACTIVE,
+        epoch=1,
+        subscriptions=subscriptions,
+        subscriptions_included=bool(subscriptions),
+        session=1,
+        holdings_included=True,
+        holdings=[
+            broker_pb2.SubscriberHoldings(
+                topic=TOPIC, subscriber_id="desk", last_enqueued=broker_pb2.Position(last_seq={"feed": feed})
+            )
+        ],
+    )
+
+
+@contextlib.asynccontextmanager
+async def _stand_in_peer(
+    b: BrokerProcess, frame: broker_pb2.DeliveredWatermarks
+) -> AsyncIterator[BrokerControlAsyncStub]:
+    """Send ``b`` one frame as its peer and keep the stream open; yields once ``b`` hears it."""
+    done = asyncio.Event()
+
+    async def frames() -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
+        yield frame
+        await done.wait()
+
+    async with open_channel(b.address, cluster=True) as channel:
+        control: BrokerControlAsyncStub = broker_pb2_grpc.BrokerControlStub(channel)
+        stream = asyncio.ensure_future(control.ReplicateWatermarks(frames(), timeout=60))
+        try:
+
+            async def heard() -> bool:
+                return (await _role(b.address)).peer_up
+
+            await until(heard, "the standby to hear the stand-in peer")
+            yield control
+        finally:
+            done.set()
+            await asyncio.gather(stream, return_exceptions=True)
+
+
+async def _accepted_floor(control: BrokerControlAsyncStub, desk: broker_pb2.Subscription) -> dict[str, int]:
+    """Switchover step 2 for desk from position feed=150; the taking broker's floor."""
+    floor: dict[str, int] = {}
+
+    async def accepted() -> bool:
+        try:
+            reply = await control.AcceptSubscriber(
+                broker_pb2.AcceptSubscriberRequest(
+                    subscription=desk, position=broker_pb2.Position(last_seq={"feed": 150})
+                ),
+                timeout=10,
+            )
+        except aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
+                raise
+            return False
+        floor.update(reply.floor.last_seq)
+        return True
+
+    await until(accepted, "the standby to accept desk")
+    return floor
+
+
 @pytest.mark.parametrize("listed", [True, False], ids=["with-its-subscription", "holdings-only"])
 async def test_a_subscription_learnt_from_the_peers_holdings_frame_takes_those_holdings(
     broker_factory: Callable[..., BrokerProcess], listed: bool
@@ -509,55 +583,69 @@ async def test_a_subscription_learnt_from_the_peers_holdings_frame_takes_those_h
     b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
     b.start()
     desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
-    frame = broker_pb2.DeliveredWatermarks(
-        broker_id="broker-b",
-        address="127.0.0.1:1",
-        role=broker_pb2.BROKER_ROLE_ACTIVE,
-        epoch=1,
-        subscriptions=[desk] if listed else [],
-        subscriptions_included=listed,
-        session=1,
-        holdings_included=True,
-        holdings=[
-            broker_pb2.SubscriberHoldings(
-                topic=TOPIC, subscriber_id="desk", last_enqueued=broker_pb2.Position(last_seq={"feed": 600})
-            )
-        ],
-    )
-    done = asyncio.Event()
+    async with _stand_in_peer(b, _holdings_frame([desk] if listed else [], 600)) as control:
+        floor = await _accepted_floor(control, desk)
+    assert floor.get("feed") == 600, floor
 
-    async def frames() -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
-        yield frame
-        await done.wait()
 
+async def test_a_queue_made_while_its_publisher_streams_here_takes_the_peers_holdings_of_it(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A review of the fix above: holdings skip a publisher that streams here now (what the peer
+    has more of is on its way, or a hole was recorded), but the hole is recorded only in queues
+    that existed when the publisher came back. A queue made after that took neither: publisher
+    feed has sent 1 message here and streams on, the peer holds 600 of it for desk, and
+    AcceptSubscriber's floor said 1 (the switchover would go ahead from 150 and desk would miss
+    151 to 600 silently). A new queue holds nothing from before it was made: its floor says 600."""
+    b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
+    b.start()
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
+    async with Publisher([b.address], "feed", ack_timeout=30) as feed:
+        await feed.publish(TOPIC, "k", b"1")  # acknowledged alone: b hears no peer yet
+        assert (await stats(b.address)).published_total == 1
+        async with _stand_in_peer(b, _holdings_frame([], 600)) as control:
+            floor = await _accepted_floor(control, desk)
+    assert floor.get("feed") == 600, floor
+
+
+async def test_a_subscription_deleted_here_and_made_again_does_not_take_the_old_ones_holdings(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A review of the fix above: the peer's holdings are kept for queues made later, and a peer
+    that has not yet deleted its copy still lists a subscription deleted here. Made again here, it
+    is a new subscription whose subscriber never acknowledges the old one's numbers, so with the
+    old holdings its queue counted as behind (``queues_behind`` 1, not caught up) for good."""
+    b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
+    b.start()
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
     async with open_channel(b.address, cluster=True) as channel:
-        control = broker_pb2_grpc.BrokerControlStub(channel)
-        stream = asyncio.ensure_future(control.ReplicateWatermarks(frames(), timeout=60))
-        floor: dict[str, int] = {}
+        admin = broker_pb2_grpc.BrokerAdminStub(channel)
+        await admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=desk), timeout=10)
+        await admin.DeleteSubscription(
+            broker_pb2.DeleteSubscriptionRequest(topic=TOPIC, subscriber_id="desk"), timeout=10
+        )
+        async with _stand_in_peer(b, _holdings_frame([], 600)):
+            await admin.CreateSubscription(broker_pb2.CreateSubscriptionRequest(subscription=desk), timeout=10)
+            after = await stats(b.address)
+    assert (after.queues_behind, after.caught_up) == (0, True)
 
-        async def accepted() -> bool:
-            try:
-                reply = await control.AcceptSubscriber(
-                    broker_pb2.AcceptSubscriberRequest(
-                        subscription=desk, position=broker_pb2.Position(last_seq={"feed": 150})
-                    ),
-                    timeout=10,
-                )
-            except aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
-                    raise
-                return False
-            floor.update(reply.floor.last_seq)
-            return True
 
-        try:
+async def test_a_non_durable_subscriber_of_the_same_id_leaves_the_peers_holdings_in_place(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A review of the fix above: a non-durable subscriber using desk's id while desk's durable
+    queue is not yet made here made and removed a queue of that id, and its removal forgot the
+    peer's holdings for desk: the durable queue made afterwards said it held everything."""
+    b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
+    b.start()
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
+    async with _stand_in_peer(b, _holdings_frame([], 600)) as control:
+        async with Subscriber([b.address], "desk", TOPIC) as live:
+            await asyncio.wait_for(live.connected.wait(), 10)
 
-            async def heard() -> bool:
-                return (await _role(b.address)).peer_up
+        async def removed() -> bool:
+            return all(sub.subscriber_id != "desk" for sub in (await stats(b.address)).subscribers)
 
-            await until(heard, "the standby to hear the stand-in peer")
-            await until(accepted, "the standby to accept desk")
-        finally:
-            done.set()
-            await asyncio.gather(stream, return_exceptions=True)
+        await until(removed, "the live queue of desk's id to be removed")
+        floor = await _accepted_floor(control, desk)
     assert floor.get("feed") == 600, floor

@@ -267,7 +267,7 @@ class Broker:
         topic.reindex()
         held = self._peer_holdings.get((spec.topic, spec.subscriber_id)) if spec.durable else None
         if held is not None:
-            self._take_holdings(queue, held)
+            self._take_holdings(queue, held, new=True)
         return queue
 
     def subscription_spec(self, sub: broker_pb2.Subscription) -> SubscriptionSpec:
@@ -363,7 +363,8 @@ class Broker:
         if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
             del topic.queues[queue.spec.subscriber_id]
             topic.reindex()
-            self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
+            if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
+                self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
         queue.discard()
 
     async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> tuple[SubscriptionQueue, int]:
@@ -920,7 +921,13 @@ class Broker:
         A subscriber the peer served (away here) that the peer no longer serves (it restarted) is
         served here again by the active: otherwise each broker would redirect it to the other.
         """
-        self._peer_holdings = {(held.topic, held.subscriber_id): held for held in holdings}
+        # Not those of a subscription deleted here that the peer still holds: made again here, it
+        # is a new subscription, whose subscriber never acknowledges the old one's numbers.
+        self._peer_holdings = {
+            (held.topic, held.subscriber_id): held
+            for held in holdings
+            if (held.topic, held.subscriber_id) not in self._deleted
+        }
         raised = 0
         for held in holdings:
             topic = self.topics.get(held.topic)
@@ -933,11 +940,17 @@ class Broker:
         if raised:
             log.info("the peer's holdings: %d publisher floor(s) raised (messages this broker may lack)", raised)
 
-    def _take_holdings(self, queue: SubscriptionQueue, held: broker_pb2.SubscriberHoldings) -> int:
-        """Raise ``queue``'s floor to what the peer holds of each publisher; how many rose."""
+    def _take_holdings(
+        self, queue: SubscriptionQueue, held: broker_pb2.SubscriberHoldings, *, new: bool = False
+    ) -> int:
+        """Raise ``queue``'s floor to what the peer holds of each publisher; how many rose.
+
+        A ``new`` queue holds nothing from before it was made, so it may lack all of it, also of a
+        publisher streaming now: the hole ``resume_publisher`` recorded went only to the queues
+        that existed then."""
         raised = 0
         for publisher, seq in held.last_enqueued.last_seq.items():
-            if publisher in self.streaming:
+            if publisher in self.streaming and not new:
                 continue  # what the peer has more of is on its way here (or a recorded hole)
             if seq > queue.last_enqueued.get(publisher, 0) and queue.may_lack(publisher, seq):
                 raised += 1
