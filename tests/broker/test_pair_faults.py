@@ -516,13 +516,18 @@ def _holdings_frame(subscriptions: list[broker_pb2.Subscription], feed: int) -> 
 
 @contextlib.asynccontextmanager
 async def _stand_in_peer(
-    b: BrokerProcess, frame: broker_pb2.DeliveredWatermarks
+    b: BrokerProcess,
+    frame: broker_pb2.DeliveredWatermarks,
+    later: asyncio.Queue[broker_pb2.DeliveredWatermarks] | None = None,
 ) -> AsyncIterator[BrokerControlAsyncStub]:
-    """Send ``b`` one frame as its peer and keep the stream open; yields once ``b`` hears it."""
+    """Send ``b`` ``frame`` as its peer, then each frame put in ``later``, and keep the stream open;
+    yields once ``b`` hears it."""
     done = asyncio.Event()
 
     async def frames() -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
         yield frame
+        while later is not None:
+            yield await later.get()
         await done.wait()
 
     async with open_channel(b.address, cluster=True) as channel:
@@ -537,6 +542,8 @@ async def _stand_in_peer(
             yield control
         finally:
             done.set()
+            if later is not None:
+                stream.cancel()  # its frames wait on ``later`` for good
             await asyncio.gather(stream, return_exceptions=True)
 
 
@@ -649,3 +656,54 @@ async def test_a_non_durable_subscriber_of_the_same_id_leaves_the_peers_holdings
         await until(removed, "the live queue of desk's id to be removed")
         floor = await _accepted_floor(control, desk)
     assert floor.get("feed") == 600, floor
+
+
+async def _first_subscribe_frame(address: str, position: dict[str, int], *, redirected: bool) -> str:
+    """Open desk's stream at ``address``; which frame the broker sends first (subscribed / redirect)."""
+    async with aio.insecure_channel(address) as channel:
+        call = channel.stream_stream(
+            "/sokutatsu.broker.v1.Broker/Subscribe",
+            request_serializer=broker_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=broker_pb2.SubscribeResponse.FromString,
+        )()
+        subscription = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
+        opening = broker_pb2.SubscribeOpen(
+            subscription=subscription,
+            position=broker_pb2.Position(last_seq=position),
+            credits=10,
+            redirected=redirected,
+        )
+        await call.write(broker_pb2.SubscribeRequest(open=opening))
+        first = await asyncio.wait_for(call.read(), 10)
+        call.cancel()
+    assert isinstance(first, broker_pb2.SubscribeResponse), first
+    return str(first.WhichOneof("frame"))
+
+
+async def test_a_subscriber_its_peer_redirected_is_served_not_sent_back(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """A broker that took desk at switchover step 2 sends a subscriber that comes from before what
+    it lacks back to its peer (chaos seed 7102, above). But a hole can be recorded here after the
+    monitor checked the floor (a new session's holdings, or a publisher that came back with a
+    jump), and the peer, whose copy is away after step 4, sends the subscriber here again: it
+    bounced between the two for good. Here the lack comes from a stand-in peer's second session
+    after the accept: a subscriber that comes on its own is still sent back, one that says the
+    peer redirected it (``SubscribeOpen.redirected``) is served."""
+    b = broker_factory(instance="broker-a", role="standby", peer_timeout_ms="5000")
+    b.start()
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
+    second_session = _holdings_frame([], 600)
+    second_session.session = 2
+    later: asyncio.Queue[broker_pb2.DeliveredWatermarks] = asyncio.Queue()
+    async with _stand_in_peer(b, _holdings_frame([desk], 0), later) as control:
+        floor = await _accepted_floor(control, desk)  # from feed=150: nothing lacked yet
+        assert floor == {}
+        later.put_nowait(second_session)
+
+        async def lacks() -> bool:
+            return (await stats(b.address)).queues_behind == 1
+
+        await until(lacks, "the second session's holdings to say the standby lacks feed up to 600")
+        assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=False) == "redirect"
+        assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=True) == "subscribed"

@@ -134,6 +134,8 @@ class Subscriber:
         self._flusher: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._address_index = 0
+        # The next open comes straight from a broker's redirect (SubscribeOpen.redirected).
+        self._redirected = False
         self.duplicates = 0
         self.gaps: list[GapError] = []
         self.connected = asyncio.Event()
@@ -297,6 +299,7 @@ class Subscriber:
                 if redirect.target not in self.addresses:
                     self.addresses.append(redirect.target)
                 self._address_index = self.addresses.index(redirect.target)
+                self._redirected = True  # said in the next open (SubscribeOpen.redirected)
                 continue
             except aio.AioRpcError as exc:
                 if not reconnectable(exc) and not self._created_elsewhere(exc):
@@ -325,6 +328,8 @@ class Subscriber:
         return now - self._missing_since < MISSING_GRACE_SECONDS
 
     async def _session(self, address: str, backoff: Backoff) -> None:
+        # Only the first attempt after a redirect says so, whatever becomes of it.
+        redirected, self._redirected = self._redirected, False
         async with self.config.channel(address, options=CHANNEL_OPTIONS) as channel:
             call: _SubscribeCall = channel.stream_stream(
                 SUBSCRIBE_METHOD,
@@ -342,6 +347,7 @@ class Subscriber:
                         subscription=self._subscription,
                         position=broker_pb2.Position(last_seq=self._received),
                         credits=credits,
+                        redirected=redirected,
                     )
                 ),
             )

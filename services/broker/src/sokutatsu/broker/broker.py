@@ -418,12 +418,21 @@ class Broker:
         if queue.state != SERVING:
             await self._claim(queue)
         position = dict(open_frame.position.last_seq)
-        if queue.taken_pending and self.peer and self.peer_up and queue.lacks_after(position):
+        if (
+            queue.taken_pending
+            and not open_frame.redirected
+            and self.peer
+            and self.peer_up
+            and queue.lacks_after(position)
+        ):
             # Invariant 4 (pair_state.py): a broker that took the queue at switchover step 2 serves
             # it from where it holds its messages; a subscriber that comes before the redirect,
             # from further back, goes back to the peer, which serves it until its redirect (chaos
             # seed 7102: served here, it was told 1,249 acknowledged messages as a gap). Only then:
-            # a peer whose copy is away would send it back here.
+            # a peer whose copy is away would send it back here. And only one that came on its
+            # own: one the peer redirected here (its copy is away, or leaving) is served, what this
+            # broker lacks told as a gap, or it would bounce between the two for good (a hole
+            # recorded here after the switchover's floor check, e.g. a publisher that came back).
             raise PeerServes(
                 broker_pb2.Redirect(
                     target=self.peer,

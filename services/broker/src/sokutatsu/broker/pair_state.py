@@ -33,7 +33,9 @@ below are enforced here and nowhere else.
    floor then says from where this broker holds the subscriber's messages, including
    publishers it has not heard from since it came back. A standby that serves a queue it may
    lack messages of (from switchover step 2 until the subscriber is past its floor) sends a
-   subscriber that comes from further back to the peer (``Broker.attach``).
+   subscriber that comes from further back, on its own, to the peer (``Broker.attach``); one
+   the peer redirected here (``SubscribeOpen.redirected``) it serves, telling what it lacks
+   as a gap, so a subscriber never bounces between the two.
 5. **An active that did not run for a peer timeout checks before it acts.** A broker
    paused (SIGSTOP) or starved for longer than ``PEER_TIMEOUT_MS`` was, to its peer and
    the monitor, gone: its peer may have been promoted meanwhile. When it runs again

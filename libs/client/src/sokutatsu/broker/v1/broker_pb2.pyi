@@ -749,10 +749,19 @@ class SubscribeOpen(_message.Message):
     SUBSCRIPTION_FIELD_NUMBER: _builtins.int
     POSITION_FIELD_NUMBER: _builtins.int
     CREDITS_FIELD_NUMBER: _builtins.int
+    REDIRECTED_FIELD_NUMBER: _builtins.int
     credits: _builtins.int
     """Initial credit, at least 1: the broker sends at most this many messages
     before the next SubscriberCredit (seed 003's consumer flow limit; the SDK
     default is 1000).
+    """
+    redirected: _builtins.bool
+    """The subscriber comes straight from a broker's Redirect (the SDK sets it on the
+    first open after following one). A broker that took the subscriber at
+    switchover step 2 and may lack messages after its position sends a subscriber
+    that came on its own back to its peer, which still serves it until its
+    redirect; one its peer redirected here it serves, reporting what it lacks as
+    a gap: sent back, it would bounce between the two for good.
     """
     @_builtins.property
     def subscription(self) -> Global___Subscription:
@@ -772,10 +781,11 @@ class SubscribeOpen(_message.Message):
         subscription: Global___Subscription | None = ...,
         position: Global___Position | None = ...,
         credits: _builtins.int = ...,
+        redirected: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position", "subscription", b"subscription"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits", "position", b"position", "subscription", b"subscription"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits", "position", b"position", "redirected", b"redirected", "subscription", b"subscription"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
