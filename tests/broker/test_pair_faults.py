@@ -494,6 +494,9 @@ async def test_a_restarted_publisher_resumes_on_a_broker_that_holds_less(
     assert (await stats(ahead.address)).published_total == sent
 
 
+STAND_IN_BEAT_SECONDS = 0.2
+
+
 def _holdings_frame(subscriptions: list[broker_pb2.Subscription], feed: int) -> broker_pb2.DeliveredWatermarks:
     """A stand-in active peer's first frame: session 1, ``subscriptions`` (empty: no list),
     and holdings of ``feed`` messages from publisher "feed" in desk's queue."""
@@ -521,14 +524,26 @@ async def _stand_in_peer(
     later: asyncio.Queue[broker_pb2.DeliveredWatermarks] | None = None,
 ) -> AsyncIterator[BrokerControlAsyncStub]:
     """Send ``b`` ``frame`` as its peer, then each frame put in ``later``, and keep the stream open;
-    yields once ``b`` hears it."""
-    done = asyncio.Event()
+    yields once ``b`` hears it. Between them, a frame with nothing but the peer's role and session
+    every ``STAND_IN_BEAT_SECONDS``, as a real peer sends, so a starved test machine does not
+    let ``b`` take the stand-in for gone."""
+    queue = later if later is not None else asyncio.Queue()
 
     async def frames() -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
+        last = frame
         yield frame
-        while later is not None:
-            yield await later.get()
-        await done.wait()
+        while True:
+            try:
+                last = await asyncio.wait_for(queue.get(), STAND_IN_BEAT_SECONDS)
+                yield last
+            except TimeoutError:
+                yield broker_pb2.DeliveredWatermarks(
+                    broker_id=last.broker_id,
+                    address=last.address,
+                    role=last.role,
+                    epoch=last.epoch,
+                    session=last.session,
+                )
 
     async with open_channel(b.address, cluster=True) as channel:
         control: BrokerControlAsyncStub = broker_pb2_grpc.BrokerControlStub(channel)
@@ -541,9 +556,7 @@ async def _stand_in_peer(
             await until(heard, "the standby to hear the stand-in peer")
             yield control
         finally:
-            done.set()
-            if later is not None:
-                stream.cancel()  # its frames wait on ``later`` for good
+            stream.cancel()
             await asyncio.gather(stream, return_exceptions=True)
 
 
