@@ -50,6 +50,21 @@ async def publish(call: PublishCall, request: broker_pb2.PublishRequest) -> brok
     return response.ack
 
 
+async def start_subscribe(
+    channel: aio.Channel, opening: broker_pb2.SubscribeOpen
+) -> tuple[SubscribeCall, broker_pb2.SubscribeResponse]:
+    """A Subscribe stream opened with ``opening``, and the broker's first frame on it."""
+    call: SubscribeCall = channel.stream_stream(
+        "/sokutatsu.broker.v1.Broker/Subscribe",
+        request_serializer=_serialize_subscribe,
+        response_deserializer=broker_pb2.SubscribeResponse.FromString,
+    )()
+    await call.write(broker_pb2.SubscribeRequest(open=opening))
+    first = await call.read()
+    assert isinstance(first, broker_pb2.SubscribeResponse), first
+    return call, first
+
+
 async def open_subscribe(
     channel: aio.Channel,
     subscriber: str,
@@ -59,22 +74,14 @@ async def open_subscribe(
     durable: bool = False,
     position: dict[str, int] | None = None,
 ) -> SubscribeCall:
-    call: SubscribeCall = channel.stream_stream(
-        "/sokutatsu.broker.v1.Broker/Subscribe",
-        request_serializer=_serialize_subscribe,
-        response_deserializer=broker_pb2.SubscribeResponse.FromString,
-    )()
-    await call.write(
-        broker_pb2.SubscribeRequest(
-            open=broker_pb2.SubscribeOpen(
-                subscription=broker_pb2.Subscription(subscriber_id=subscriber, topic=topic, durable=durable),
-                position=broker_pb2.Position(last_seq=position or {}),
-                credits=credits,
-            )
-        )
+    call, first = await start_subscribe(
+        channel,
+        broker_pb2.SubscribeOpen(
+            subscription=broker_pb2.Subscription(subscriber_id=subscriber, topic=topic, durable=durable),
+            position=broker_pb2.Position(last_seq=position or {}),
+            credits=credits,
+        ),
     )
-    first = await call.read()
-    assert isinstance(first, broker_pb2.SubscribeResponse), first
     assert first.HasField("subscribed"), first
     return call
 

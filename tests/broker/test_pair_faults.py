@@ -674,22 +674,14 @@ async def test_a_non_durable_subscriber_of_the_same_id_leaves_the_peers_holdings
 async def _first_subscribe_frame(address: str, position: dict[str, int], *, redirected: bool) -> str:
     """Open desk's stream at ``address``; which frame the broker sends first (subscribed / redirect)."""
     async with aio.insecure_channel(address) as channel:
-        call = channel.stream_stream(
-            "/sokutatsu.broker.v1.Broker/Subscribe",
-            request_serializer=broker_pb2.SubscribeRequest.SerializeToString,
-            response_deserializer=broker_pb2.SubscribeResponse.FromString,
-        )()
-        subscription = broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True)
         opening = broker_pb2.SubscribeOpen(
-            subscription=subscription,
+            subscription=broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True),
             position=broker_pb2.Position(last_seq=position),
             credits=10,
             redirected=redirected,
         )
-        await call.write(broker_pb2.SubscribeRequest(open=opening))
-        first = await asyncio.wait_for(call.read(), 10)
+        call, first = await asyncio.wait_for(raw.start_subscribe(channel, opening), 10)
         call.cancel()
-    assert isinstance(first, broker_pb2.SubscribeResponse), first
     return str(first.WhichOneof("frame"))
 
 
