@@ -10,6 +10,10 @@ export UV_PYTHON_DOWNLOADS := never
 # (UV_SYSTEM_CERTS replaces the deprecated UV_NATIVE_TLS; scripts/setup.sh falls back for an old uv.)
 export UV_SYSTEM_CERTS := 1
 RUN := $(UV) run --locked --no-sync
+# Python writes the bytecode of the project's own modules and pytest that of the rewritten test
+# modules, even where the machine sets PYTHONDONTWRITEBYTECODE: else every one of the ~700
+# processes a test run starts compiles them from source again (scripts/setup.sh, README.md).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help setup protos lint test up demo bench chaos compose-check
 

@@ -1,10 +1,11 @@
-"""``sokutatsu analyze`` as a user runs it: a subprocess with its own Spark (and, for the error, in-process)."""
+"""``sokutatsu analyze`` as a user runs it, in-process on the tests' running Spark session (the
+command joins a running session and leaves it running). Starting a JVM of its own costs a cold
+JVM per test (tens of seconds here); the demo's test runs the analysis in a process that starts
+its own Spark (tests/demo)."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,21 +40,19 @@ FIGURES = (
 )
 
 
-@pytest.mark.timeout(300)  # a JVM of its own: tens of seconds on a busy 2-core machine
-def test_analyze_writes_the_report(tmp_path: Path) -> None:
+def test_analyze_writes_the_report(spark: SparkSession, tmp_path: Path) -> None:
     import pyarrow.parquet as pq  # noqa: PLC0415 - Spark only where it runs (conftest.py)
 
     traces, out = tmp_path / "traces", tmp_path / "out"
     write_otlp(generate(5, publishers=2, subscribers=2, topics=2, batches=5), traces, 5)
     with (traces / "broken.jsonl").open("w", encoding="utf-8") as f:
         f.write("this is not OTLP\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "sokutatsu.cli", "analyze", "--traces", str(traces), "--out", str(out),
-         "--master", "local[2]", "--window-seconds", "0.5"],
-        capture_output=True, text=True, timeout=280, check=False,
+    done = CliRunner().invoke(
+        app, ["analyze", "--traces", str(traces), "--out", str(out), "--window-seconds", "0.5"]
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, (done.stdout, done.stderr, done.exception)
     assert f"report: {out.resolve() / 'report.html'}" in done.stdout
+    assert "using the running Spark session" in done.stdout
     assert "computing delivery latency" in done.stdout
     assert "skipped 1 malformed lines" in done.stderr
     html = (out / "report.html").read_text(encoding="utf-8")
@@ -67,6 +66,7 @@ def test_analyze_writes_the_report(tmp_path: Path) -> None:
     for figure in FIGURES:
         assert (out / figure).read_bytes().startswith(b"\x89PNG"), figure
         assert f"src='{figure}'" in html
+    assert spark.range(3).count() == 3  # left running
 
 
 def test_analyze_without_spans_fails_in_one_line(spark: SparkSession, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Random trace sets that follow docs/tracing.md, written as real OTLP/JSON-lines files.
 
 A :class:`TraceSet` is plain Python records; :func:`write_otlp` turns them into
-OpenTelemetry SDK spans and writes them with ``sokutatsu.core.telemetry.spans_to_otlp_json``,
+OpenTelemetry SDK spans and writes them with ``sokutatsu.core.span_files.spans_to_otlp_json``,
 the exporter the services use, several spans per line and one file per service.
 The generator also remembers what it lost and duplicated on purpose, so the audit
 can be checked against the truth as well as against the reference calculation.
@@ -21,7 +21,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from sokutatsu.core.telemetry import spans_to_otlp_json
+from sokutatsu.core.span_files import spans_to_otlp_json
 
 T0 = 1_700_000_000 * 1_000_000_000  # ns
 MS = 1_000_000

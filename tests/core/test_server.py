@@ -21,7 +21,7 @@ from opentelemetry.trace import Link
 
 from sokutatsu.core import errors
 from sokutatsu.core.server import ServiceContext
-from sokutatsu.core.telemetry import JsonLinesSpanExporter
+from sokutatsu.core.span_files import JsonLinesSpanExporter
 from tests.helpers import served
 
 SERVICE = "sokutatsu.test.v1.Probe"
