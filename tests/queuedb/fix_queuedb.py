@@ -106,6 +106,16 @@ class Cluster:
         self.crashes += 1
         self.pg.stop()  # releases the folder (the server is gone)
 
+    def freeze_wal_writer(self) -> None:
+        """SIGSTOP the WAL writer until the next :meth:`kill9`: a commit made without waiting for the
+        flush then stays in PostgreSQL's WAL buffers, and a SIGKILL of the server really loses it.
+        (With the writer running, even at ``wal_writer_delay = 10s`` it may write that commit out at
+        any moment after it, and SIGKILL loses nothing the kernel already holds.)"""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()
+        assert row is not None, "this PostgreSQL runs no WAL writer"
+        os.kill(int(row[0]), signal.SIGSTOP)
+
     def restart(self) -> None:
         try:
             self.pg.start()

@@ -164,6 +164,7 @@ async def test_a_receiver_crash_loses_what_it_stored_unflushed_and_the_sender_re
     pair.start_all()
     await _create_alternating(client)
 
+    pair.node2.freeze_wal_writer()  # node 2's unflushed commit of a stays in its WAL buffers
     await _enqueue(client, b"a")  # the first request is the sender's to flush: answered at once
     await _until(lambda: _received(pair) == [b"a"], "a at node 2", pair)
     # Node 2 acknowledged it without flushing, so node 1 keeps it until node 2 reports it flushed.
