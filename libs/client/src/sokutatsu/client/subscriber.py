@@ -66,7 +66,8 @@ class Subscriber:
     ``keys``/``prefixes`` filter by key (none: every message); ``durable`` keeps the subscription
     (and what it has not received) across disconnects; ``config``: TLS and token (default:
     plaintext, none). ``connection``: receive on the :class:`SubscriberConnection`'s stream to
-    each broker, shared with its other subscribers, instead of a stream of its own.
+    each broker, shared with its other subscribers, instead of a stream of its own (its
+    ``ack_interval`` then stands for this one's).
     """
 
     def __init__(
@@ -162,7 +163,8 @@ class Subscriber:
         if self._subscription.durable:
             await self._create_subscription()
         self._task = asyncio.create_task(self._run(), name=f"subscribe-{self._subscription.subscriber_id}")
-        self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
+        if self._connection is None:  # the connection's streams have one timer each for their subscribers
+            self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
 
     async def _create_subscription(self) -> None:
         """Create the durable subscription on every broker that answers (the pair holds it on both)."""
@@ -376,7 +378,7 @@ class Subscriber:
         """A session on the connection's stream to ``address``: its reader hands this subscriber
         its batches (``_accept``); this waits for the subscription's end and raises what ended it."""
         lane = connection.link(address).open(
-            self._opening(), self._accept, lambda subscribed: self._subscribed(subscribed, backoff)
+            self._opening(), self._accept, lambda subscribed: self._subscribed(subscribed, backoff), self._send_credit
         )
         self._lane = lane
         try:

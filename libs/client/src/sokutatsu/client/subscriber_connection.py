@@ -65,11 +65,14 @@ class Lane:
         lane_id: int,
         accept: Callable[[Sequence[broker_pb2.Message]], None],
         subscribed: Callable[[broker_pb2.Subscribed], None],
+        flush: Callable[[], None],
     ) -> None:
         self.link = link
         self.id = lane_id
         self.accept = accept
         self.subscribed = subscribed
+        # Queues the subscriber's pending acknowledgement (called by the link's timer).
+        self.flush = flush
         self.ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     def credit(self, credits: int, acked: Mapping[str, int]) -> None:
@@ -96,9 +99,10 @@ class ManyLink:
     """One SubscribeMany stream to one broker: a writer that sends what the lanes queued, in one
     frame per write, and a reader that dispatches each frame's parts to their lanes."""
 
-    def __init__(self, address: str, config: ClientConfig) -> None:
+    def __init__(self, address: str, config: ClientConfig, ack_interval: float) -> None:
         self.address = address
         self.config = config
+        self.ack_interval = ack_interval
         self.lanes: dict[int, Lane] = {}
         self._last_id = 0
         self._pending: list[broker_pb2.SubscriptionRequest] = []
@@ -113,9 +117,10 @@ class ManyLink:
         opening: broker_pb2.SubscribeOpen,
         accept: Callable[[Sequence[broker_pb2.Message]], None],
         subscribed: Callable[[broker_pb2.Subscribed], None],
+        flush: Callable[[], None],
     ) -> Lane:
         self._last_id += 1
-        lane = Lane(self, self._last_id, accept, subscribed)
+        lane = Lane(self, self._last_id, accept, subscribed, flush)
         self.lanes[lane.id] = lane
         self.send(broker_pb2.SubscriptionRequest(id=lane.id, open=opening))
         return lane
@@ -143,11 +148,13 @@ class ManyLink:
                     response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
                 )()
                 writer = asyncio.create_task(self._write(call), name=f"subscribe-many-writer-{self.address}")
+                ticker = asyncio.create_task(self._tick(), name=f"subscribe-many-acks-{self.address}")
                 try:
                     await self._read(call)
                 finally:
                     writer.cancel()
-                    await asyncio.gather(writer, return_exceptions=True)
+                    ticker.cancel()
+                    await asyncio.gather(writer, ticker, return_exceptions=True)
         except (aio.AioRpcError, StreamEnded) as exc:
             reason = exc
         finally:
@@ -156,6 +163,14 @@ class ManyLink:
             self.lanes.clear()
             for lane in lanes:
                 lane.finish(reason)
+
+    async def _tick(self) -> None:
+        """Every ``ack_interval``, every lane's pending acknowledgement, in one frame (one timer per
+        stream, not one per subscriber)."""
+        while True:
+            await asyncio.sleep(self.ack_interval)
+            for lane in list(self.lanes.values()):
+                lane.flush()
 
     async def _write(self, call: _ManyCall) -> None:
         while True:
@@ -207,13 +222,19 @@ class SubscriberConnection:
     """One ``SubscribeMany`` stream per broker address, shared by the subscribers given it
     (``Subscriber(..., connection=connection)``). ``config``: TLS and token of its streams (default:
     plaintext, none); the subscribers' own ``config`` is used for creating their subscriptions.
+    ``ack_interval``: how often the acknowledgements of all its subscribers on a stream go out
+    together (and whenever a subscriber has processed its ``flow_threshold``); it stands for each
+    subscriber's own ``ack_interval``.
 
     Close it after its subscribers (``async with``, or :meth:`close`); a subscriber whose
     connection is closed raises :class:`~sokutatsu.client.errors.Closed`.
     """
 
-    def __init__(self, *, config: ClientConfig | None = None) -> None:
+    def __init__(self, *, config: ClientConfig | None = None, ack_interval: float = 0.05) -> None:
+        if ack_interval <= 0:
+            raise ValueError("ack_interval must be above 0 seconds")
         self.config = config or ClientConfig()
+        self.ack_interval = ack_interval
         self._links: dict[str, ManyLink] = {}
         self._closed = False
 
@@ -231,7 +252,7 @@ class SubscriberConnection:
             raise Closed("the SubscriberConnection is closed")
         link = self._links.get(address)
         if link is None or link.broken:
-            link = self._links[address] = ManyLink(address, self.config)
+            link = self._links[address] = ManyLink(address, self.config, self.ack_interval)
         return link
 
     @property
