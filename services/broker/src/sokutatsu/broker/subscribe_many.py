@@ -94,6 +94,8 @@ class ManyStream:
         self.highest = 0
         self.reading = True
         self.failure: BaseException | None = None
+        # Attaches cancelled by a close, awaited when the stream ends.
+        self.cancelled: set[asyncio.Task[None]] = set()
 
     async def run(self, requests: AsyncIterator[broker_pb2.SubscribeManyRequest]) -> AsyncGenerator[bytes, None]:
         """The serialised response frames, until the client half-closes or a stream-level error."""
@@ -112,10 +114,9 @@ class ManyStream:
         finally:
             # Synchronous up to the await: a second cancellation must not leave a queue attached.
             reader.cancel()
-            opening = [lane.opening for lane in self.lanes.values() if lane.opening is not None]
             for lane in list(self.lanes.values()):
                 self._end(lane, None)
-            await asyncio.gather(reader, *opening, return_exceptions=True)
+            await asyncio.gather(reader, *self.cancelled, return_exceptions=True)
 
     async def _read(self, requests: AsyncIterator[broker_pb2.SubscribeManyRequest]) -> None:
         try:
@@ -262,6 +263,8 @@ class ManyStream:
         self.ready.pop(lane.id, None)
         if lane.opening is not None:
             lane.opening.cancel()  # Broker.attach attaches nothing when cancelled
+            self.cancelled.add(lane.opening)
+            lane.opening.add_done_callback(self.cancelled.discard)
             lane.opening = None
         queue, lane.queue = lane.queue, None
         if queue is not None:
