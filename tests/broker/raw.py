@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from grpc import aio
 
@@ -94,3 +94,85 @@ async def read_seqs(call: SubscribeCall, count: int) -> list[int]:
         assert isinstance(frame, broker_pb2.SubscribeResponse), frame
         seqs += [m.publisher_seq for m in frame.batch.messages]
     return seqs
+
+
+# ------------------------------------------------------------ SubscribeMany --
+ManyCall = aio.StreamStreamCall[broker_pb2.SubscribeManyRequest, broker_pb2.SubscribeManyResponse]
+
+
+def _serialize_many(request: broker_pb2.SubscribeManyRequest) -> bytes:
+    return request.SerializeToString()
+
+
+def start_many(channel: aio.Channel) -> ManyCall:
+    """A SubscribeMany stream (nothing sent yet)."""
+    call: ManyCall = channel.stream_stream(
+        "/sokutatsu.broker.v1.Broker/SubscribeMany",
+        request_serializer=_serialize_many,
+        response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
+    )()
+    return call
+
+
+def many_open(
+    lane: int,
+    subscriber: str,
+    topic: str,
+    credits: int,
+    *,
+    prefixes: Sequence[str] = (),
+    durable: bool = False,
+    position: dict[str, int] | None = None,
+) -> broker_pb2.SubscriptionRequest:
+    return broker_pb2.SubscriptionRequest(
+        id=lane,
+        open=broker_pb2.SubscribeOpen(
+            subscription=broker_pb2.Subscription(
+                subscriber_id=subscriber,
+                topic=topic,
+                durable=durable,
+                filter=broker_pb2.KeyFilter(prefixes=list(prefixes)),
+            ),
+            position=broker_pb2.Position(last_seq=position or {}),
+            credits=credits,
+        ),
+    )
+
+
+def many_credit(lane: int, credits: int = 0, acked: dict[str, int] | None = None) -> broker_pb2.SubscriptionRequest:
+    credit = broker_pb2.SubscriberCredit(credits=credits)
+    if acked is not None:
+        credit.acked.CopyFrom(broker_pb2.Position(last_seq=acked))
+    return broker_pb2.SubscriptionRequest(id=lane, credit=credit)
+
+
+class ManyReader:
+    """Reads a SubscribeMany stream, sorting what arrives by subscription id."""
+
+    def __init__(self, call: ManyCall) -> None:
+        self.call = call
+        self.frames = 0
+        self.seqs: dict[int, list[int]] = {}
+        self.keys: dict[int, list[str]] = {}
+        self.events: dict[int, list[broker_pb2.SubscriptionResponse]] = {}
+
+    async def send(self, *frames: broker_pb2.SubscriptionRequest) -> None:
+        await self.call.write(broker_pb2.SubscribeManyRequest(frames=frames))
+
+    async def read(self) -> None:
+        response = await self.call.read()
+        assert isinstance(response, broker_pb2.SubscribeManyResponse), response
+        self.frames += 1
+        for frame in response.frames:
+            if frame.WhichOneof("frame") == "batch":
+                self.seqs.setdefault(frame.id, []).extend(m.publisher_seq for m in frame.batch.messages)
+                self.keys.setdefault(frame.id, []).extend(m.key for m in frame.batch.messages)
+            else:
+                self.events.setdefault(frame.id, []).append(frame)
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            await self.read()
+
+    def kinds(self, lane: int) -> list[str]:
+        return [str(e.WhichOneof("frame")) for e in self.events.get(lane, [])]

@@ -317,6 +317,9 @@ def bench_fanout(
         str, typer.Option("--systems", help="Comma-separated: sokutatsu, nats-push, nats-pull.")
     ] = "sokutatsu,nats-push,nats-pull",
     counts: Annotated[str | None, typer.Option("--counts", help="N values instead of the mode's, e.g. 16,64.")] = None,
+    keys: Annotated[
+        str, typer.Option("--keys", help="Which scenarios per N: both, every (every key) or filtered (1/16 of them).")
+    ] = "both",
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Result file (default bench/results/fanout-<UTC time>.json).")
     ] = None,
@@ -345,12 +348,17 @@ def bench_fanout(
             cfg = dataclasses.replace(cfg, counts=tuple(int(n) for n in counts.split(",")))
         except ValueError:
             raise typer.BadParameter(f"expected N values such as 16,64, got {counts!r}") from None
+    filters = {"both": (False, True), "every": (False,), "filtered": (True,)}.get(keys)
+    if filters is None:
+        raise typer.BadParameter(f"choose both, every or filtered; got {keys!r}")
+    cfg = dataclasses.replace(cfg, filters=filters)
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
     path = json_path or Path(f"bench/results/fanout-{stamp}{'-quick' if quick else ''}.json")
     plots = plots or Path(f"bench/results/plots{'-quick' if quick else ''}")
     console.print(
         f"bench fanout ({'quick' if quick else 'full'}): {', '.join(chosen)}; N in {', '.join(map(str, cfg.counts))}, "
-        f"every key and 1/16 of the keys; {cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s each"
+        f"{ {'both': 'every key and 1/16 of the keys', 'every': 'every key', 'filtered': '1/16 of the keys'}[keys] }; "
+        f"{cfg.rate:,} msgs/s of {cfg.size} B for {cfg.seconds:g}s each"
     )
     settle_collector()
     result = asyncio.run(

@@ -7,7 +7,8 @@
   ``fanout.G<gg>.*``; nats-server 2.9 has no list of filter subjects, so exact keys would not
   be comparable).
 * **sokutatsu**: the SDK's ``Publisher`` to the broker pair (each batch acknowledged by both),
-  durable ``Subscriber`` s (credits: the SDK's default 1,000).
+  durable ``Subscriber`` s (credits: the SDK's default 1,000) sharing one ``SubscriberConnection``
+  per consumer process (one SubscribeMany stream per broker).
 * **nats-push** / **nats-pull**: nats-py, a JetStream stream with file storage, acknowledged
   publishes (``publish_async``); per subscriber a durable consumer (explicit acks, at most
   ``PREFETCH`` unacknowledged): push consumers delivered to a callback, or pull consumers
@@ -176,10 +177,13 @@ async def subscribed(system: str, addresses: Sequence[str], wanted: Sequence[Wan
 
 @contextlib.asynccontextmanager
 async def _sokutatsu(addresses: Sequence[str], wanted: Sequence[Wanted]) -> AsyncIterator[None]:
-    from sokutatsu.client import Subscriber  # noqa: PLC0415
+    from sokutatsu.client import Subscriber, SubscriberConnection  # noqa: PLC0415
     from sokutatsu.core.tls import client_config  # noqa: PLC0415
 
     config = client_config()
+    # The process's subscribers share one SubscribeMany stream per broker (as the NATS clients
+    # share one connection per process).
+    connection = SubscriberConnection(config=config)
     subs = [
         Subscriber(
             list(addresses),
@@ -188,6 +192,7 @@ async def _sokutatsu(addresses: Sequence[str], wanted: Sequence[Wanted]) -> Asyn
             prefixes=[f"G{one.group:02d}."] if one.group is not None else [],
             durable=True,
             config=config,
+            connection=connection,
         )
         for one in wanted
     ]
@@ -209,6 +214,7 @@ async def _sokutatsu(addresses: Sequence[str], wanted: Sequence[Wanted]) -> Asyn
         await asyncio.gather(*tasks, return_exceptions=True)
         # Every subscriber closed at once (each waits up to 2 s for its final acknowledgement).
         await asyncio.gather(*(s.close() for s in subs), return_exceptions=True)
+        await connection.close()
 
 
 @contextlib.asynccontextmanager

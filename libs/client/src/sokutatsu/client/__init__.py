@@ -9,6 +9,8 @@
         async for message in sub:                        # each message once, in per-publisher order
             print(message.key, message.body)
 
+The subscribers of a process can share one stream per broker: give them the same
+``connection=SubscriberConnection()`` (:mod:`sokutatsu.client.subscriber_connection`).
 Connections are plaintext without a token unless a :class:`ClientConfig` says otherwise
 (``config=ClientConfig.from_env()`` reads ``SOKUTATSU_TLS_*`` and ``SOKUTATSU_AUTH_TOKEN``).
 Every error is a :class:`~sokutatsu.client.errors.ClientError` (:mod:`sokutatsu.client.errors`).
@@ -32,6 +34,7 @@ from sokutatsu.client.ordered_subscriber import OrderedSubscriber
 from sokutatsu.client.publisher import Publisher
 from sokutatsu.client.structs import Message, OrderedMessage, Stamp
 from sokutatsu.client.subscriber import Subscriber
+from sokutatsu.client.subscriber_connection import SubscriberConnection
 
 __all__ = [
     "BrokerError",
@@ -52,5 +55,6 @@ __all__ = [
     "SequencerError",
     "Stamp",
     "Subscriber",
+    "SubscriberConnection",
     "Unreachable",
 ]

@@ -39,6 +39,7 @@ from sokutatsu.client._tracing import tracing_on
 from sokutatsu.client.config import ClientConfig
 from sokutatsu.client.errors import BrokerError, GapError, Unreachable
 from sokutatsu.client.structs import Message
+from sokutatsu.client.subscriber_connection import Lane, Redirected, SubscriberConnection
 
 if TYPE_CHECKING:
     from sokutatsu.client._spans import ProcessSpans
@@ -59,17 +60,14 @@ def _serialize_request(request: broker_pb2.SubscribeRequest) -> bytes:
     return request.SerializeToString()
 
 
-class _Redirected(Exception):
-    def __init__(self, target: str) -> None:
-        self.target = target
-
-
 class Subscriber:
     """Receive ``topic`` from the broker pair ``brokers`` as ``subscriber_id``; iterate for :class:`Message`.
 
     ``keys``/``prefixes`` filter by key (none: every message); ``durable`` keeps the subscription
     (and what it has not received) across disconnects; ``config``: TLS and token (default:
-    plaintext, none).
+    plaintext, none). ``connection``: receive on the :class:`SubscriberConnection`'s stream to
+    each broker, shared with its other subscribers, instead of a stream of its own (its
+    ``ack_interval`` then stands for this one's).
     """
 
     def __init__(
@@ -92,6 +90,7 @@ class Subscriber:
         position: Mapping[str, int] | None = None,
         on_gap: Literal["raise", "report"] = "raise",
         config: ClientConfig | None = None,
+        connection: SubscriberConnection | None = None,
     ) -> None:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
@@ -126,6 +125,9 @@ class Subscriber:
         self._last: broker_pb2.Message | None = None
         self._unacked = 0
         self._call: _SubscribeCall | None = None
+        self._connection = connection
+        # The subscription on the connection's stream, while a session on it lasts.
+        self._lane: Lane | None = None
         self._failure: Exception | None = None
         # When the brokers started answering NOT_FOUND for the durable subscription (None: they do not).
         self._missing_since: float | None = None
@@ -161,7 +163,8 @@ class Subscriber:
         if self._subscription.durable:
             await self._create_subscription()
         self._task = asyncio.create_task(self._run(), name=f"subscribe-{self._subscription.subscriber_id}")
-        self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
+        if self._connection is None:  # the connection's streams have one timer each for their subscribers
+            self._flusher = asyncio.create_task(self._flush_acks(), name="subscribe-acks")
 
     async def _create_subscription(self) -> None:
         """Create the durable subscription on every broker that answers (the pair holds it on both)."""
@@ -196,6 +199,10 @@ class Subscriber:
         if call is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._final_ack(call), FINAL_ACK_SECONDS)
+        lane = self._lane
+        if lane is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._final_ack_lane(lane), FINAL_ACK_SECONDS)
         tasks = [t for t in (self._task, self._flusher, self._writer) if t is not None]
         for task in tasks:
             task.cancel()
@@ -220,6 +227,15 @@ class Subscriber:
         with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
             await call.done_writing()
             await call.code()
+
+    async def _final_ack_lane(self, lane: Lane) -> None:
+        """Acknowledge what is left and close the subscription on the shared stream; the broker
+        applies the acknowledgement before it ends the subscription."""
+        if self._unacked:
+            self._unacked = 0
+            lane.credit(0, self._processed)
+        lane.close()
+        await asyncio.shield(lane.ended)
 
     @property
     def subscriber_id(self) -> str:
@@ -268,6 +284,12 @@ class Subscriber:
             self._send_credit()
 
     def _send_credit(self) -> None:
+        lane = self._lane
+        if lane is not None:
+            if self._unacked:
+                lane.credit(self._unacked, self._processed)  # queued on the shared stream's next write
+                self._unacked = 0
+            return
         call = self._call
         if call is None or not self._unacked or (self._writer is not None and not self._writer.done()):
             return
@@ -292,10 +314,13 @@ class Subscriber:
         while not self._closed:
             address = self.addresses[self._address_index % len(self.addresses)]
             try:
-                await self._session(address, backoff)
+                if self._connection is not None:
+                    await self._shared_session(self._connection, address, backoff)
+                else:
+                    await self._session(address, backoff)
             except StreamEnded:
                 log.info("broker %s ended the subscribe stream; reconnecting", address)
-            except _Redirected as redirect:
+            except Redirected as redirect:
                 if redirect.target not in self.addresses:
                     self.addresses.append(redirect.target)
                 self._address_index = self.addresses.index(redirect.target)
@@ -313,6 +338,7 @@ class Subscriber:
                 return
             finally:
                 self._call = None
+                self._lane = None
                 self.connected.clear()
             self._address_index += 1
             await asyncio.sleep(backoff.next_delay())
@@ -327,30 +353,49 @@ class Subscriber:
             self._missing_since = now
         return now - self._missing_since < MISSING_GRACE_SECONDS
 
-    async def _session(self, address: str, backoff: Backoff) -> None:
+    def _opening(self) -> broker_pb2.SubscribeOpen:
+        """The open frame of a new session."""
         # Only the first attempt after a redirect says so, whatever becomes of it.
         redirected, self._redirected = self._redirected, False
+        # Unconsumed messages stay in the local buffer, so the broker may send up to the
+        # limit minus what is buffered; it resumes after what was received.
+        credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
+        self._unacked = 0
+        return broker_pb2.SubscribeOpen(
+            subscription=self._subscription,
+            position=broker_pb2.Position(last_seq=self._received),
+            credits=credits,
+            redirected=redirected,
+        )
+
+    def _subscribed(self, subscribed: broker_pb2.Subscribed, backoff: Backoff) -> None:
+        self.broker_id = subscribed.broker_id
+        self._missing_since = None
+        self.connected.set()
+        backoff.reset()
+
+    async def _shared_session(self, connection: SubscriberConnection, address: str, backoff: Backoff) -> None:
+        """A session on the connection's stream to ``address``: its reader hands this subscriber
+        its batches (``_accept``); this waits for the subscription's end and raises what ended it."""
+        lane = connection.link(address).open(
+            self._opening(), self._accept, lambda subscribed: self._subscribed(subscribed, backoff), self._send_credit
+        )
+        self._lane = lane
+        try:
+            reason = await asyncio.shield(lane.ended)
+        finally:
+            if not lane.ended.done():
+                lane.close()  # cancelled: the subscription must not stay open on the shared stream
+        raise reason
+
+    async def _session(self, address: str, backoff: Backoff) -> None:
         async with self.config.channel(address, options=CHANNEL_OPTIONS) as channel:
             call: _SubscribeCall = channel.stream_stream(
                 SUBSCRIBE_METHOD,
                 request_serializer=_serialize_request,
                 response_deserializer=broker_pb2.SubscribeResponse.FromString,
             )()
-            # Unconsumed messages stay in the local buffer, so the broker may send up to the
-            # limit minus what is buffered; it resumes after what was received.
-            credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
-            self._unacked = 0
-            await write_frame(
-                call,
-                broker_pb2.SubscribeRequest(
-                    open=broker_pb2.SubscribeOpen(
-                        subscription=self._subscription,
-                        position=broker_pb2.Position(last_seq=self._received),
-                        credits=credits,
-                        redirected=redirected,
-                    )
-                ),
-            )
+            await write_frame(call, broker_pb2.SubscribeRequest(open=self._opening()))
             self._call = call
             while True:
                 response = await call.read()
@@ -363,12 +408,9 @@ class Subscriber:
                 if kind == "batch":
                     self._accept(response.batch.messages)
                 elif kind == "subscribed":
-                    self.broker_id = response.subscribed.broker_id
-                    self._missing_since = None
-                    self.connected.set()
-                    backoff.reset()
+                    self._subscribed(response.subscribed, backoff)
                 elif kind == "redirect":
-                    raise _Redirected(response.redirect.target)
+                    raise Redirected(response.redirect.target)
 
     def _accept(self, messages: Sequence[broker_pb2.Message]) -> None:
         received = self._received

@@ -162,11 +162,11 @@ class AuthInterceptor(aio.ServerInterceptor):
         checker = rule.frame
         allowed: set[Check] = set()
         async for frame in requests:
-            want = checker(frame) if checker is not None else None
-            if want is not None and want not in allowed:
-                await self.check(context, principal, method, rule, want)
-                if len(allowed) < LOGGED_LIMIT:
-                    allowed.add(want)
+            for want in checker(frame) if checker is not None else ():
+                if want not in allowed:
+                    await self.check(context, principal, method, rule, want)
+                    if len(allowed) < LOGGED_LIMIT:
+                        allowed.add(want)
             yield frame
 
     # ------------------------------------------------------------- wrapping --

@@ -3,12 +3,13 @@
 Every RPC of every service has a rule here (tests/security/test_auth.py checks that against
 the services' descriptors); a method without one is refused when auth is on. For streams whose
 topic travels in the frames (``Broker/Publish``: every ``PublishBatch``; ``Broker/Subscribe``:
-the ``SubscribeOpen``), :attr:`Rule.frame` checks each request frame as the servicer reads it.
+the ``SubscribeOpen``; ``Broker/SubscribeMany``: each ``SubscribeOpen`` of a frame),
+:attr:`Rule.frame` checks each request frame as the servicer reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,29 +26,34 @@ class Rule:
     """``permission`` on ``resource(request)``, and ownership of ``subscriber(request)``.
 
     ``admin_too``: an admin principal passes as well (subscription management). ``frame``: for
-    request streams, the check each frame needs (``None`` for a frame that needs none).
+    request streams, the checks each frame needs (none for a frame that needs none).
     """
 
     permission: str
     resource: Callable[[Any], str] | None = None
     subscriber: Callable[[Any], str] | None = None
     admin_too: bool = False
-    frame: Callable[[Any], Check | None] | None = None
+    frame: Callable[[Any], Sequence[Check]] | None = None
 
 
-def _publish_frame(frame: Any) -> Check | None:
+def _publish_frame(frame: Any) -> Sequence[Check]:
     which = getattr(frame, "WhichOneof", None)
     if which is None or which("frame") != "batch":
-        return None  # PublishOpen, or a frame the servicer refuses as undecodable
-    return (PUBLISH, frame.batch.topic, None)
+        return ()  # PublishOpen, or a frame the servicer refuses as undecodable
+    return ((PUBLISH, frame.batch.topic, None),)
 
 
-def _subscribe_frame(frame: Any) -> Check | None:
+def _subscribe_frame(frame: Any) -> Sequence[Check]:
     which = getattr(frame, "WhichOneof", None)
     if which is None or which("frame") != "open":
-        return None  # credits of the stream's own subscriber
+        return ()  # credits of the stream's own subscriber
     subscription = frame.open.subscription
-    return (SUBSCRIBE, subscription.topic, subscription.subscriber_id)
+    return ((SUBSCRIBE, subscription.topic, subscription.subscriber_id),)
+
+
+def _subscribe_many_frame(frame: Any) -> Sequence[Check]:
+    """Each subscription a SubscribeMany frame opens (credits and closes are for those)."""
+    return [check for one in getattr(frame, "frames", ()) for check in _subscribe_frame(one)]
 
 
 def _service(names: str, *methods: str) -> dict[str, Rule]:
@@ -68,6 +74,7 @@ RULES: Mapping[str, Rule] = {
     # Broker: the topic is in the frames.
     f"/{_BROKER}/Publish": Rule(PUBLISH, frame=_publish_frame),
     f"/{_BROKER}/Subscribe": Rule(SUBSCRIBE, frame=_subscribe_frame),
+    f"/{_BROKER}/SubscribeMany": Rule(SUBSCRIBE, frame=_subscribe_many_frame),
     **_admin(_BROKER_ADMIN, "CreateTopic", "DeleteTopic", "ListTopics", "ListSubscriptions", "GetStats", "WatchStats"),
     # The SDK's Subscriber creates its own durable subscription.
     f"/{_BROKER_ADMIN}/CreateSubscription": Rule(

@@ -367,8 +367,11 @@ class Broker:
                 self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
         queue.discard()
 
-    async def attach(self, open_frame: broker_pb2.SubscribeOpen) -> tuple[SubscriptionQueue, int]:
-        """Attach a subscriber stream to its queue (creating a non-durable one).
+    async def attach(
+        self, open_frame: broker_pb2.SubscribeOpen, listener: Callable[[], None] | None = None
+    ) -> tuple[SubscriptionQueue, int]:
+        """Attach a subscriber stream to its queue (creating a non-durable one); ``listener``: see
+        :meth:`SubscriptionQueue.attach`.
 
         A subscriber that connects while its previous stream is still attached (a reconnect
         that overtook the old stream's end) takes over: the old stream is ended first.
@@ -439,7 +442,7 @@ class Broker:
                     reason="this broker lacks messages after your position (it was away); its peer holds them",
                 )
             )
-        generation = queue.attach(position, open_frame.credits)
+        generation = queue.attach(position, open_frame.credits, listener)
         queue.taken_pending = False
         self.subscriber_streams += 1
         return queue, generation

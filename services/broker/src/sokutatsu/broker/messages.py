@@ -23,6 +23,9 @@ KEY_PATTERN = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _TAG_DELIVERY_MESSAGE = b"\x0a"  # DeliveryBatch.messages = 1, length-delimited
 _TAG_PREVIOUS_SEQ = b"\x48"  # Message.previous_seq = 9, varint
 _TAG_RESPONSE_BATCH = b"\x12"  # SubscribeResponse.batch = 2, length-delimited
+_TAG_MANY_FRAME = b"\x0a"  # SubscribeManyResponse.frames = 1, length-delimited
+_TAG_SUBSCRIPTION_ID = b"\x08"  # SubscriptionResponse.id = 1, varint
+_TAG_SUBSCRIPTION_BATCH = b"\x1a"  # SubscriptionResponse.batch = 3, length-delimited
 
 
 def check_name(kind: str, value: str) -> str:
@@ -49,10 +52,26 @@ def delivery_element(payload: bytes, previous_seq: int, extra: bytes = b"") -> b
     return b"".join((_TAG_DELIVERY_MESSAGE, varint(len(payload)), payload))
 
 
-def batch_response(elements: list[bytes]) -> bytes:
-    """A serialised ``SubscribeResponse`` carrying a ``DeliveryBatch`` of ``elements``."""
-    body = b"".join(elements)
+def delivery_body(elements: list[bytes]) -> bytes:
+    """A serialised ``DeliveryBatch`` of ``elements``."""
+    return b"".join(elements)
+
+
+def batch_response(body: bytes) -> bytes:
+    """A serialised ``SubscribeResponse`` carrying the serialised ``DeliveryBatch`` ``body``."""
     return b"".join((_TAG_RESPONSE_BATCH, varint(len(body)), body))
+
+
+def subscription_batch(tag: bytes, body: bytes) -> bytes:
+    """One ``SubscribeManyResponse.frames`` element: ``tag`` (the serialised ``SubscriptionResponse.id``,
+    :func:`subscription_tag`) and the serialised ``DeliveryBatch`` ``body`` as its ``batch``."""
+    inner = b"".join((tag, _TAG_SUBSCRIPTION_BATCH, varint(len(body)), body))
+    return b"".join((_TAG_MANY_FRAME, varint(len(inner)), inner))
+
+
+def subscription_tag(subscription_id: int) -> bytes:
+    """The serialised ``SubscriptionResponse.id`` field."""
+    return _TAG_SUBSCRIPTION_ID + varint(subscription_id)
 
 
 @dataclass

@@ -58,6 +58,7 @@ def build(settings: BrokerSettings) -> Register:
         context.untraced |= {
             f"/{SERVICE}/Publish",
             f"/{SERVICE}/Subscribe",
+            f"/{SERVICE}/SubscribeMany",
             "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
             "/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks",
         }

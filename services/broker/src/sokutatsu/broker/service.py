@@ -17,6 +17,7 @@ from sokutatsu.broker.catalog import TopicSpec
 from sokutatsu.broker.limits import Client, Limits
 from sokutatsu.broker.pair import receive_watermarks
 from sokutatsu.broker.settings import parse_peer
+from sokutatsu.broker.subscribe_many import ManyStream
 from sokutatsu.broker.subscription_queue import SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.errors import InvalidArgument, echo
@@ -161,22 +162,52 @@ class DataPlane:
         request = _frame(first, broker_pb2.SubscribeRequest)
         if request.WhichOneof("frame") != "open":
             raise InvalidArgument("the first frame of a Subscribe stream must be SubscribeOpen")
-        client = self.limits.client(context)
-        subscription = request.open.subscription
-        live = (subscription.topic, subscription.subscriber_id) if not subscription.durable else None
-        self.limits.open_stream(client, "Subscribe")
-        counted = False
+        release = self.hold(self.limits.client(context), request.open.subscription, "Subscribe")
         try:
-            if live is not None:
-                # A live non-durable subscription counts while its stream lasts.
-                counted = self.limits.hold_subscription(client, live, self._exists, durable=False)
             # Closed here, not whenever it is collected: its own clean-up detaches the queue.
             async with contextlib.aclosing(self._subscribe(requests, request)) as responses:
                 async for response in responses:
                     yield response
         finally:
+            release()
+
+    def hold(self, client: Client | None, subscription: broker_pb2.Subscription, method: str) -> Callable[[], None]:
+        """Count a subscription's stream for ``client``'s limits (and a live non-durable subscription,
+        while its stream lasts); return the release, to call once when the stream ends (synchronous)."""
+        live = (subscription.topic, subscription.subscriber_id) if not subscription.durable else None
+        self.limits.open_stream(client, method)
+        counted = False
+        try:
+            if live is not None:
+                counted = self.limits.hold_subscription(client, live, self._exists, durable=False)
+        except BaseException:
+            self.limits.close_stream(client)
+            raise
+
+        def release() -> None:
             if live is not None and counted:
                 self.limits.release_subscription(live)
+            self.limits.close_stream(client)
+
+        return release
+
+    async def subscribe_many(
+        self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        """Many subscriptions on one stream (subscribe_many.py). The stream counts as one for the
+        limits per client, and each subscription open on it as one more (and as a Subscribe stream would)."""
+        client = self.limits.client(context)
+        self.limits.open_stream(client, "SubscribeMany")
+        try:
+            stream = ManyStream(
+                self.broker,
+                lambda subscription: self.hold(client, subscription, "SubscribeMany subscription"),
+                self.broker.settings.batch_bytes,
+            )
+            async with contextlib.aclosing(stream.run(_many_frames(requests))) as responses:
+                async for response in responses:
+                    yield response
+        finally:
             self.limits.close_stream(client)
 
     def _exists(self, subscription: tuple[str, str]) -> bool:
@@ -237,6 +268,9 @@ class DataPlane:
                 ),
                 "Subscribe": grpc.stream_stream_rpc_method_handler(
                     self.subscribe, _lenient(broker_pb2.SubscribeRequest), _serialize
+                ),
+                "SubscribeMany": grpc.stream_stream_rpc_method_handler(
+                    self.subscribe_many, _lenient(broker_pb2.SubscribeManyRequest), _serialize
                 ),
             },
         )
@@ -339,6 +373,11 @@ def _credit_frame(raw: Any) -> broker_pb2.SubscriberCredit:
     if request.WhichOneof("frame") != "credit":
         raise InvalidArgument("after SubscribeOpen, every frame must be a SubscriberCredit")
     return request.credit
+
+
+async def _many_frames(requests: AsyncIterator[Any]) -> AsyncIterator[broker_pb2.SubscribeManyRequest]:
+    async for raw in requests:
+        yield _frame(raw, broker_pb2.SubscribeManyRequest)
 
 
 def _merge(into: broker_pb2.PublishAck, later: broker_pb2.PublishAck) -> None:

@@ -51,11 +51,11 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sokutatsu.broker.disk_worker import DiskWorker
-from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_element
+from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_body, delivery_element
 from sokutatsu.broker.retention import AGE, BYTES, RetentionGaps
 from sokutatsu.broker.segment_log import HEADER_BYTES, SegmentLog, SegmentLogError
 from sokutatsu.broker.subscription import DROP_OLDEST, REFUSE_PUBLISH, Retention, SubscriptionSpec
@@ -111,6 +111,10 @@ def _parse_record(segment: int, record: bytes) -> Item:
 
 
 class SubscriptionQueue:
+    # The attached stream's wake-up when it is a SubscribeMany stream (subscribe_many.py): called,
+    # instead of a task waiting on `ready`, whenever `ready` is set. Set by attach, cleared by detach.
+    listener: Callable[[], None] | None = None
+
     def __init__(
         self,
         *,
@@ -258,7 +262,7 @@ class SubscriptionQueue:
             self._schedule_spill()
         self.enqueued_total += 1
         if self.attached:
-            self.ready.set()
+            self._wake()
         return to_disk
 
     @property
@@ -366,7 +370,7 @@ class SubscriptionQueue:
                 asyncio.get_running_loop().call_later(self._spill_retry_delay, self._schedule_spill)
             elif self.spill_buffer:
                 self._schedule_spill()
-            self.ready.set()
+            self._wake()
 
     async def _write(self, batch: list[Item]) -> None:
         """Append ``batch`` to the log (opened on first use), after ``drop_oldest`` made room (it
@@ -455,7 +459,7 @@ class SubscriptionQueue:
                 self.kept.note(item.publisher_id, item.seq, item.prev, AGE)
             if records:
                 self.acked_dirty = True
-                self.ready.set()
+                self._wake()
         finally:
             self._aging = False
 
@@ -476,9 +480,22 @@ class SubscriptionQueue:
         return max(0, now_ns - published) // 1_000_000 if published else 0
 
     # ------------------------------------------------------------ delivery --
-    def attach(self, position: dict[str, int], credits: int) -> int:
-        """Attach a stream; return its generation (for :meth:`stop_stream`)."""
+    def _wake(self) -> None:
+        """Something changed that may let the attached stream send, or make it stop."""
+        self.ready.set()
+        listener = self.listener
+        if listener is not None:
+            listener()
+
+    def attach(self, position: dict[str, int], credits: int, listener: Callable[[], None] | None = None) -> int:
+        """Attach a stream; return its generation (for :meth:`stop_stream`).
+
+        A Subscribe stream awaits :meth:`next_batch`; a SubscribeMany stream passes ``listener``
+        (called whenever the queue may have something for it, or wants it to stop) and takes
+        batches with :meth:`poll`.
+        """
         self.generation += 1
+        self.listener = listener
         self.attached = True
         self.kept.acked(position)
         self.idle.clear()
@@ -490,7 +507,7 @@ class SubscriptionQueue:
             if seq > self.delivered.get(publisher, 0):
                 self.delivered[publisher] = seq
         self._raise_acked(position)
-        self.ready.set()
+        self._wake()
         return self.generation
 
     def detach(self) -> None:
@@ -498,6 +515,7 @@ class SubscriptionQueue:
         self.front = deque([*self.in_flight, *self.front])
         self.in_flight.clear()
         self.attached = False
+        self.listener = None
         self.credits = 0
         self._skip = {}
         self.idle.set()
@@ -508,7 +526,7 @@ class SubscriptionQueue:
         self.redirect = redirect
         if self.attached:
             self._detaching = True
-            self.ready.set()
+            self._wake()
 
     def stop_stream(self, generation: int) -> None:
         """Make :meth:`next_batch` of stream ``generation`` return None (its client went away).
@@ -517,30 +535,68 @@ class SubscriptionQueue:
         """
         if generation == self.generation and self.attached:
             self._detaching = True
-            self.ready.set()
+            self._wake()
 
     def grant(self, credits: int) -> None:
         self.credits += credits
         if credits:
-            self.ready.set()
+            self._wake()
 
     async def next_batch(self) -> bytes | None:
         """The next serialised ``SubscribeResponse`` batch, waiting for messages and credit; None to stop."""
         while True:
             self.ready.clear()
-            if self._detaching or self.closed:
+            if self.stopping:
                 return None
             if self.credits > 0:
                 items = await self._take(min(self.credits, self._batch_messages))
                 if items:
-                    return self._send(items)
-                if self._detaching or self.closed:
+                    return batch_response(self._send(items))
+                if self.stopping:
                     return None
                 if items is None:
                     continue
             await self.ready.wait()
 
-    async def _take(self, limit: int) -> list[Item] | None:  # noqa: PLR0911 - one return per source, in order
+    @property
+    def stopping(self) -> bool:
+        """Whether the attached stream must end (redirected, replaced, its client gone, or the queue closed)."""
+        return self._detaching or self.closed
+
+    def poll(self) -> bytes | None:
+        """A SubscribeMany stream's :meth:`next_batch`: the serialised ``DeliveryBatch`` of what is ready
+        now within the credit, or None (the listener is called when that changes). No linger: the
+        stream's frame carries what every one of its subscriptions has ready."""
+        while self.credits > 0 and not self.stopping:
+            items = self._take_now(min(self.credits, self._batch_messages))
+            if items:
+                return self._send(items)
+            if items is not None:
+                return None
+        return None
+
+    @property
+    def has_more(self) -> bool:
+        """Whether :meth:`poll` would return a batch at once (credit left and items waiting in memory)."""
+        return self.credits > 0 and bool(self.front or self.readback or self.memory) and not self.stopping
+
+    async def _take(self, limit: int) -> list[Item] | None:
+        """:meth:`_take_now`, after the adaptive batching's wait.
+
+        Adaptive batching: a stream that sent a frame less than `linger` ago is busy, so wait
+        that long for a fuller frame of what is in memory; an idle stream sends at once (lowest latency).
+        """
+        if (
+            self._linger
+            and self.memory
+            and len(self.memory) < limit
+            and not (self.front or self.readback or self.disk_mode)
+            and time.monotonic() - self._last_send < self._linger
+        ):
+            await asyncio.sleep(self._linger)
+        return self._take_now(limit)
+
+    def _take_now(self, limit: int) -> list[Item] | None:
         """Up to ``limit`` items from the oldest source; None means: look again at once.
 
         A source can yield nothing although it was not empty (every item was already
@@ -558,12 +614,6 @@ class SubscriptionQueue:
             return []  # the spill job sets `ready` when the items are on disk
         if not self.memory:
             return []
-        # Adaptive batching: a stream that sent a frame less than `linger` ago is busy, so
-        # wait that long for a fuller frame; an idle stream sends at once (lowest latency).
-        if self._linger and len(self.memory) < limit and time.monotonic() - self._last_send < self._linger:
-            await asyncio.sleep(self._linger)
-            if self.front or self.disk_mode:
-                return None
         return self._pop(self.memory, limit) or None
 
     def _pop(self, source: deque[Item], limit: int) -> list[Item]:
@@ -621,13 +671,14 @@ class SubscriptionQueue:
                 self.readback.extend(items)
             finally:
                 self._reading = False
-                self.ready.set()
+                self._wake()
                 if self.state == SHADOW and not self.closed:
                     self._trim_heads()
 
         self._disk.submit(read)
 
     def _send(self, items: list[Item]) -> bytes:
+        """Count ``items`` as sent; the serialised ``DeliveryBatch`` carrying them."""
         self._last_send = time.monotonic()
         self.in_flight.extend(items)
         self.credits -= len(items)
@@ -639,7 +690,7 @@ class SubscriptionQueue:
         if gaps.gaps:
             # A gap is told from after what this stream's subscriber received (its open position).
             received = self._skip
-            return batch_response(
+            return delivery_body(
                 [
                     delivery_element(
                         item.payload,
@@ -649,7 +700,7 @@ class SubscriptionQueue:
                     for item in items
                 ]
             )
-        return batch_response([delivery_element(item.payload, item.prev) for item in items])
+        return delivery_body([delivery_element(item.payload, item.prev) for item in items])
 
     # ---------------------------------------------------------------- acks --
     def ack(self, position: dict[str, int]) -> int:
@@ -873,7 +924,7 @@ class SubscriptionQueue:
         self.closed = True
         self._wake_spill_waiters(everyone=True)
         self.clear()
-        self.ready.set()
+        self._wake()
         log = self.log
         self.log = None
         self.disk_count = 0
@@ -895,7 +946,7 @@ class SubscriptionQueue:
         """
         self.closed = True
         self._wake_spill_waiters(everyone=True)
-        self.ready.set()
+        self._wake()
         if self.spec.durable:
             older = [i for i in (*self.in_flight, *self.front, *self.readback) if i.segment < 0]
             on_disk = bool(self.disk_count or self.spilling) or any(

@@ -932,6 +932,192 @@ class Redirect(_message.Message):
 Global___Redirect: _TypeAlias = Redirect  # noqa: Y015
 
 @_typing.final
+class SubscribeManyRequest(_message.Message):
+    """------------------------------------------------ many subscriptions, one stream --
+
+    SubscribeMany carries any number of a client's subscriptions on one stream
+    (docs/broker.md, One stream for many subscriptions). Each subscription keeps
+    what a Subscribe stream gives it: its own credits, acknowledgements, position,
+    gaps and redirect. Client frames open, credit and close subscriptions by a
+    number the client chooses; a broker frame carries, for every subscription of
+    the stream with something ready when the broker writes, its frames, without
+    waiting for more.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionRequest]:
+        """Applied in order."""
+
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___SubscriptionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscribeManyRequest: _TypeAlias = SubscribeManyRequest  # noqa: Y015
+
+@_typing.final
+class SubscriptionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The client's number for the subscription on this stream, at least 1. An open
+    names a number not open on the stream; credit and close name an open one.
+    A number is free again once the broker ended it (Redirect or
+    SubscriptionEnded); frames for a number the broker already ended are
+    ignored, frames for one never opened end the stream (INVALID_ARGUMENT).
+    """
+    @_builtins.property
+    def open(self) -> Global___SubscribeOpen:
+        """As a Subscribe stream's first frame."""
+
+    @_builtins.property
+    def credit(self) -> Global___SubscriberCredit:
+        """As a Subscribe stream's later frames."""
+
+    @_builtins.property
+    def close(self) -> Global___SubscriptionClose:
+        """As a Subscribe stream's end: the broker answers SubscriptionEnded (OK)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        open: Global___SubscribeOpen | None = ...,
+        credit: Global___SubscriberCredit | None = ...,
+        close: Global___SubscriptionClose | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "credit", b"credit", "frame", b"frame", "open", b"open"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "credit", b"credit", "frame", b"frame", "id", b"id", "open", b"open"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["open", "credit", "close"]  # noqa: Y015
+    _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
+
+Global___SubscriptionRequest: _TypeAlias = SubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class SubscriptionClose(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriptionClose: _TypeAlias = SubscriptionClose  # noqa: Y015
+
+@_typing.final
+class SubscribeManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionResponse]:
+        """At most one batch per subscription; a subscription's frames in order."""
+
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___SubscriptionResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscribeManyResponse: _TypeAlias = SubscribeManyResponse  # noqa: Y015
+
+@_typing.final
+class SubscriptionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIBED_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    REDIRECT_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def subscribed(self) -> Global___Subscribed: ...
+    @_builtins.property
+    def batch(self) -> Global___DeliveryBatch: ...
+    @_builtins.property
+    def redirect(self) -> Global___Redirect:
+        """The subscription must be opened on another broker (as on a Subscribe
+        stream); it has ended on this stream and its number is free.
+        """
+
+    @_builtins.property
+    def ended(self) -> Global___SubscriptionEnded:
+        """The subscription ended on this stream and its number is free."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        subscribed: Global___Subscribed | None = ...,
+        batch: Global___DeliveryBatch | None = ...,
+        redirect: Global___Redirect | None = ...,
+        ended: Global___SubscriptionEnded | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "ended", b"ended", "frame", b"frame", "redirect", b"redirect", "subscribed", b"subscribed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "ended", b"ended", "frame", b"frame", "id", b"id", "redirect", b"redirect", "subscribed", b"subscribed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_frame: _TypeAlias = _typing.Literal["subscribed", "batch", "redirect", "ended"]  # noqa: Y015
+    _WhichOneofArgType_frame: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_frame) -> _WhichOneofReturnType_frame | None: ...
+
+Global___SubscriptionResponse: _TypeAlias = SubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class SubscriptionEnded(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code a Subscribe stream of this subscription would have
+    ended with: 0 (OK) after the client's close or when the broker ended it
+    (a newer stream of the same subscriber took over, the subscription was
+    deleted); otherwise e.g. 3 INVALID_ARGUMENT, 5 NOT_FOUND, 8
+    RESOURCE_EXHAUSTED, 14 UNAVAILABLE.
+    """
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriptionEnded: _TypeAlias = SubscriptionEnded  # noqa: Y015
+
+@_typing.final
 class CreateTopicRequest(_message.Message):
     """------------------------------------------------------------------ admin --"""
 

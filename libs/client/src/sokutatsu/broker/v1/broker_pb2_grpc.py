@@ -46,6 +46,11 @@ class BrokerStub:
                 request_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
+        self.SubscribeMany = channel.stream_stream(
+                '/sokutatsu.broker.v1.Broker/SubscribeMany',
+                request_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyRequest.SerializeToString,
+                response_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -69,6 +74,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubscribeMany(self, request_iterator, context):
+        """Receive the messages of several subscriptions on one stream (see above).
+        The stream counts as one for the limits per client, and each subscription
+        open on it as one more.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +95,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Subscribe,
                     request_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeRequest.FromString,
                     response_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'SubscribeMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubscribeMany,
+                    request_deserializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyRequest.FromString,
+                    response_serializer=sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +158,33 @@ class Broker:
             '/sokutatsu.broker.v1.Broker/Subscribe',
             sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeRequest.SerializeToString,
             sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sokutatsu.broker.v1.Broker/SubscribeMany',
+            sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyRequest.SerializeToString,
+            sokutatsu_dot_broker_dot_v1_dot_broker__pb2.SubscribeManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

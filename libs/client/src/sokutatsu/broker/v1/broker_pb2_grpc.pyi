@@ -53,6 +53,11 @@ class BrokerStub:
     """Receive messages. Client frames: open, then credits/acks. Server frames:
     subscribed, then delivery batches, possibly a final redirect.
     """
+    SubscribeMany: _grpc.StreamStreamMultiCallable[_broker_pb2.SubscribeManyRequest, _broker_pb2.SubscribeManyResponse]
+    """Receive the messages of several subscriptions on one stream (see above).
+    The stream counts as one for the limits per client, and each subscription
+    open on it as one more.
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -66,6 +71,11 @@ class BrokerAsyncStub(BrokerStub):
     Subscribe: _aio.StreamStreamMultiCallable[_broker_pb2.SubscribeRequest, _broker_pb2.SubscribeResponse]  # type: ignore[assignment]
     """Receive messages. Client frames: open, then credits/acks. Server frames:
     subscribed, then delivery batches, possibly a final redirect.
+    """
+    SubscribeMany: _aio.StreamStreamMultiCallable[_broker_pb2.SubscribeManyRequest, _broker_pb2.SubscribeManyResponse]  # type: ignore[assignment]
+    """Receive the messages of several subscriptions on one stream (see above).
+    The stream counts as one for the limits per client, and each subscription
+    open on it as one more.
     """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -89,6 +99,17 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_broker_pb2.SubscribeResponse], _abc.AsyncIterator[_broker_pb2.SubscribeResponse]]:
         """Receive messages. Client frames: open, then credits/acks. Server frames:
         subscribed, then delivery batches, possibly a final redirect.
+        """
+
+    @_abc_1.abstractmethod
+    def SubscribeMany(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.SubscribeManyRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.SubscribeManyResponse], _abc.AsyncIterator[_broker_pb2.SubscribeManyResponse]]:
+        """Receive the messages of several subscriptions on one stream (see above).
+        The stream counts as one for the limits per client, and each subscription
+        open on it as one more.
         """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
