@@ -25,7 +25,11 @@ import pytest
 
 # Path prefix of the tests (relative to the repository) -> the group they run in together.
 SHARED_FIXTURE_GROUPS = {
-    "tests/analytics/": "spark",  # one SparkSession per worker (tests/analytics/conftest.py)
+    # One SparkSession per worker (tests/analytics/conftest.py), in two groups: on one worker the
+    # Spark tests were the run's longest chain (about 400 s of its 410 on six workers); a second
+    # JVM costs seconds of CPU.
+    "tests/analytics/test_transforms.py": "spark-transforms",
+    "tests/analytics/": "spark",
     "tests/demo/test_demo.py": "demo",  # one quick demo run for the module's checks
     "tests/deploy/test_runtime_environment.py": "runtime-venv",  # one runtime virtualenv
     "tests/security/test_fuzz.py": "fuzz-targets",  # one set of started services to probe

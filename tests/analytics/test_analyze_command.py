@@ -47,6 +47,10 @@ def test_analyze_writes_the_report(spark: SparkSession, tmp_path: Path) -> None:
     write_otlp(generate(5, publishers=2, subscribers=2, topics=2, batches=5), traces, 5)
     with (traces / "broken.jsonl").open("w", encoding="utf-8") as f:
         f.write("this is not OTLP\n")
+    # In a notebook's long-lived session every run's persisted spans and runs must be released.
+    spark.catalog.clearCache()  # other tests' frames: they are recomputed when used again
+    cache = spark._jsparkSession.sharedState().cacheManager()  # no public API lists cached plans
+    assert cache.isEmpty()
     done = CliRunner().invoke(
         app, ["analyze", "--traces", str(traces), "--out", str(out), "--window-seconds", "0.5"]
     )  # fmt: skip
@@ -66,6 +70,7 @@ def test_analyze_writes_the_report(spark: SparkSession, tmp_path: Path) -> None:
     for figure in FIGURES:
         assert (out / figure).read_bytes().startswith(b"\x89PNG"), figure
         assert f"src='{figure}'" in html
+    assert cache.isEmpty(), "the job left frames cached in a session it shares"
     assert spark.range(3).count() == 3  # left running
 
 
@@ -78,16 +83,3 @@ def test_analyze_without_spans_fails_in_one_line(spark: SparkSession, tmp_path: 
     assert errors == [f"sokutatsu: error: no spans in {tmp_path} (0 non-blank lines, 0 malformed, 0 incomplete spans)"]
     assert not (tmp_path / "out" / "report.html").exists()
     assert spark.range(3).count() == 3  # still running
-
-
-def test_the_job_leaves_nothing_cached_in_a_session_it_shares(spark: SparkSession, tmp_path: Path) -> None:
-    """In a notebook's long-lived session, every run's persisted spans and runs must be released."""
-    from sokutatsu.analytics.job import analyze  # noqa: PLC0415 - Spark only where it runs (conftest.py)
-
-    write_otlp(generate(6, publishers=2, subscribers=2, topics=2, batches=5), tmp_path / "traces", 6)
-    spark.catalog.clearCache()  # other tests' frames: they are recomputed when used again
-    cache = spark._jsparkSession.sharedState().cacheManager()  # no public API lists cached plans
-    assert cache.isEmpty()
-    result = analyze(spark, str(tmp_path / "traces"), tmp_path / "out")
-    assert result.rows["delivery_latency"] > 0
-    assert cache.isEmpty()
