@@ -33,7 +33,9 @@ import os
 import random
 import re
 import string
+import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -152,7 +154,25 @@ class LoopThread:
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], limit: float = 120.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(limit)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(limit)
+        except TimeoutError:
+            raise TimeoutError(f"not done after {limit:g} s on the fuzz loop:\n{self.stacks()}") from None
+
+    def stacks(self) -> str:
+        """Where the loop's thread is now, and every task's stack: what a hung call waits on."""
+        frame = sys._current_frames().get(self.thread.ident or 0)
+        lines = ["the loop's thread:", *traceback.format_stack(frame)] if frame is not None else []
+        for task in asyncio.all_tasks(self.loop):
+            lines.append(f"{task.get_name()}:\n")
+            awaited: Any = task.get_coro()
+            while awaited is not None:  # the chain of awaits down to where it waits
+                frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+                if frame is not None:
+                    lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
+                awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        return "".join(lines)
 
     def close(self) -> None:
         async def cancel_rest() -> None:
@@ -419,9 +439,16 @@ class Targets:
             for channel in (target.channel, target.bare):
                 if channel is not None:
                     channel.close()
+        # Every clean-up runs, so a hung one (reported) leaves no service process behind for later tests.
+        failures: list[BaseException] = []
         for cleanup in reversed(self.cleanups):
-            cleanup()
+            try:
+                cleanup()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others ran
+                failures.append(exc)
         self.loop.close()
+        if failures:
+            raise failures[0]
 
 
 def _drop_database(pg_dsn: str, name: str) -> None:
