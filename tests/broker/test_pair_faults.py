@@ -672,7 +672,8 @@ async def test_a_non_durable_subscriber_of_the_same_id_leaves_the_peers_holdings
 
 
 async def _first_subscribe_frame(address: str, position: dict[str, int], *, redirected: bool) -> str:
-    """Open desk's stream at ``address``; which frame the broker sends first (subscribed / redirect)."""
+    """Open desk's stream at ``address``; which frame the broker sends first (subscribed / redirect),
+    a redirect with its reason (which of the broker's rules sent it)."""
     async with aio.insecure_channel(address) as channel:
         opening = broker_pb2.SubscribeOpen(
             subscription=broker_pb2.Subscription(subscriber_id="desk", topic=TOPIC, durable=True),
@@ -682,7 +683,8 @@ async def _first_subscribe_frame(address: str, position: dict[str, int], *, redi
         )
         call, first = await asyncio.wait_for(raw.start_subscribe(channel, opening), 10)
         call.cancel()
-    return str(first.WhichOneof("frame"))
+    kind = str(first.WhichOneof("frame"))
+    return f"{kind}: {first.redirect.reason}" if kind == "redirect" else kind
 
 
 async def test_a_subscriber_its_peer_redirected_is_served_not_sent_back(
@@ -710,5 +712,6 @@ async def test_a_subscriber_its_peer_redirected_is_served_not_sent_back(
             return (await stats(b.address)).queues_behind == 1
 
         await until(lacks, "the second session's holdings to say the standby lacks feed up to 600")
-        assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=False) == "redirect"
+        lacks_reason = "redirect: this broker lacks messages after your position (it was away); its peer holds them"
+        assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=False) == lacks_reason
         assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=True) == "subscribed"
