@@ -26,8 +26,8 @@ import pytest
 # Path prefix of the tests (relative to the repository) -> the group they run in together.
 SHARED_FIXTURE_GROUPS = {
     # One SparkSession per worker (tests/analytics/conftest.py). Split in two (test_transforms on a
-    # JVM of its own), fresh-clone runs on four workers took 6 min 29 s and 7 min 08 s for the
-    # parallel part, against 6 min 11 s in one group: the second JVM costs more than it saves.
+    # JVM of its own), fresh-clone runs on four workers were no faster: parallel parts of 6 min 29 s
+    # and 7 min 08 s, against 6 min 11 s and 7 min 13 s in one group, the same day.
     "tests/analytics/": "spark",
     "tests/demo/test_demo.py": "demo",  # one quick demo run for the module's checks
     "tests/deploy/test_runtime_environment.py": "runtime-venv",  # one runtime virtualenv
