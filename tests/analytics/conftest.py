@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def spark() -> Iterator[SparkSession]:
     from sokutatsu.analytics.job import spark_session  # noqa: PLC0415 - see the docstring
 
-    session = spark_session("local[2]")
+    session = spark_session("local[2]", short_job=True)  # small inputs: the quick JIT (job.py)
     yield session
     session.stop()
 

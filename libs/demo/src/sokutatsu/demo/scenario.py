@@ -283,7 +283,7 @@ def _analyze(paths: Paths, outcome: Outcome, clock: Clock) -> None:
     spark_log = paths.logs / "spark.log"
     clock(f"analyze: starting Spark (its JVM logs to {spark_log})")
     with _stderr_to(spark_log):  # the JVM inherits it: its warnings go to the log, not between the demo's lines
-        spark = spark_session()
+        spark = spark_session(short_job=True)  # a few thousand spans
     try:
         result = analyze(spark, str(paths.traces), paths.out, progress=lambda stage: clock(f"analyze: {stage}"))
     except Exception as exc:  # noqa: BLE001 - reported in the summary
