@@ -85,6 +85,15 @@ def test_filters_decide_what_is_expected() -> None:
     assert check.check_subscriber(PUBS, _subscriber([], keys=("B-1",))).lost == 1
 
 
+def test_another_subscriptions_message_is_counted_as_unexpected() -> None:
+    # p's 2 (B-1) came to a subscriber of A- keys: on a shared stream, another lane's frame.
+    verdict = check.check_subscriber(PUBS, _subscriber(EVERYTHING, prefixes=("A-",)))
+    assert (verdict.unexpected, verdict.unexpected_examples, verdict.violations) == (1, [("p", 2, "B-1")], 1)
+    assert violations(_schedule(unexpected=1)) == ["unexpected=1"]
+    # Unacknowledged ones have no known key: not counted.
+    assert check.check_subscriber(PUBS, _subscriber([("p", 9)], prefixes=("A-",))).unexpected == 0
+
+
 def test_stalls_wait_from_the_later_of_publish_and_previous_ack() -> None:
     history = check.PublisherHistory("p")
     history.acks = {
@@ -178,6 +187,7 @@ def _schedule(**overrides: object) -> dict[str, object]:
         "duplicates": 0,
         "reordered": 0,
         "gaps": 0,
+        "unexpected": 0,
         "max_actives": 1,
         "unflushed_publishers": [],
         "error": "",

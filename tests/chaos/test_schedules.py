@@ -42,5 +42,6 @@ async def test_a_fixed_schedule_loses_nothing_doubles_nothing_and_never_has_two_
     assert result["duplicates"] == 0, told
     assert result["reordered"] == 0, told
     assert result["gaps"] == 0, told
+    assert result["unexpected"] == 0, told
     assert result["max_actives"] <= 1, told
     assert result["unflushed_publishers"] == [], told

@@ -134,6 +134,10 @@ class Verdict:
     duplicates: int = 0
     reordered: int = 0
     gaps: int = 0
+    # Delivered, yet acknowledged with a key this subscriber's filter does not take (another
+    # subscription's message: on a shared SubscribeMany stream, a frame handed to the wrong lane).
+    unexpected: int = 0
+    unexpected_examples: list[tuple[str, int, str]] = field(default_factory=list)
     lost_ranges: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     duplicate_ranges: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     reordered_examples: list[tuple[str, int, int]] = field(default_factory=list)
@@ -141,7 +145,7 @@ class Verdict:
 
     @property
     def violations(self) -> int:
-        return self.lost + self.duplicates + self.reordered + self.gaps
+        return self.lost + self.duplicates + self.reordered + self.gaps + self.unexpected
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +156,8 @@ class Verdict:
             "duplicates": self.duplicates,
             "reordered": self.reordered,
             "gaps": self.gaps,
+            "unexpected": self.unexpected,
+            "unexpected_examples": self.unexpected_examples[:20],
             "lost_ranges": {p: r[:20] for p, r in self.lost_ranges.items()},
             "duplicate_ranges": {p: r[:20] for p, r in self.duplicate_ranges.items()},
             "reordered_examples": self.reordered_examples[:20],
@@ -166,6 +172,7 @@ def check_subscriber(publishers: Sequence[PublisherHistory], sub: SubscriberHist
         p.publisher_id: {s for s, a in p.acks.items() if matches(a.key, sub.keys, sub.prefixes)} for p in publishers
     }
     verdict.expected = sum(len(v) for v in expected.values())
+    acked_keys = {p.publisher_id: {s: a.key for s, a in p.acks.items()} for p in publishers}
     counts = Counter(sub.delivered)
     highest: dict[str, int] = {}
     seen: set[tuple[str, int]] = set()
@@ -176,6 +183,10 @@ def check_subscriber(publishers: Sequence[PublisherHistory], sub: SubscriberHist
             duplicated.setdefault(publisher, []).append(seq)
             continue
         seen.add((publisher, seq))
+        key = acked_keys.get(publisher, {}).get(seq)
+        if key is not None and not matches(key, sub.keys, sub.prefixes):
+            verdict.unexpected += 1
+            verdict.unexpected_examples.append((publisher, seq, key))
         top = highest.get(publisher, 0)
         if seq < top:
             verdict.reordered += 1

@@ -29,7 +29,7 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.children import stdin_words
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import Publisher, Subscriber, SubscriberConnection
 from sokutatsu.core.tls import client_config
 
 READY = "ready"
@@ -138,11 +138,20 @@ async def publisher(cfg: dict[str, Any], journal: Journal) -> None:
 
 # --------------------------------------------------------------- subscriber --
 class SubscriberProcess:
-    """One durable subscription, consumed (fast or slow) and reopened with its position when told."""
+    """One durable subscription, consumed (fast or slow) and reopened with its position when told.
+
+    With ``connection``, it is one lane of a ``SubscribeMany`` stream (a ``SubscriberConnection``),
+    sharing it with ``companions``: more durable subscriptions (``{"prefixes": [...]}`` or
+    ``{"keys": [...]}``), consumed as fast as they come and not journaled. Their filters differ from
+    the journaled one's, so a frame of one lane handed to another shows in the verdict as a message
+    this subscriber should not have."""
 
     def __init__(self, cfg: dict[str, Any], journal: Journal) -> None:
         self.cfg = cfg
         self.journal = journal
+        self.connection = SubscriberConnection(config=client_config()) if cfg.get("connection") else None
+        self.companions: list[Subscriber] = []
+        self.draining: list[asyncio.Task[None]] = []
         self.slow_rate = float(cfg.get("slow_rate", 10.0))
         self.rate = 0.0  # 0 = as fast as messages come
         self.sub: Subscriber | None = None
@@ -185,6 +194,7 @@ class SubscriberProcess:
             position=self.position or None,
             on_gap="report",
             config=client_config(),
+            connection=self.connection,
         )
         self.journal.add({"e": "open", "t": _now(), "position": self.position})
         await sub.start()
@@ -225,7 +235,33 @@ class SubscriberProcess:
             await asyncio.sleep(FLUSH_SECONDS)
             self.note_changes()
 
+    async def open_companions(self) -> None:
+        for i, settings in enumerate(self.cfg.get("companions", [])):
+            companion = Subscriber(
+                self.cfg["brokers"],
+                f"{self.cfg['id']}-companion-{i}",
+                self.cfg["topic"],
+                keys=settings.get("keys", []),
+                prefixes=settings.get("prefixes", []),
+                durable=True,
+                on_gap="report",
+                config=client_config(),
+                connection=self.connection,
+            )
+            await companion.start()
+            self.companions.append(companion)
+            self.draining.append(asyncio.create_task(_drain(companion)))
+
+    async def close_companions(self) -> None:
+        for task in self.draining:
+            task.cancel()
+        await asyncio.gather(*self.draining, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in self.companions), return_exceptions=True)
+        if self.connection is not None:
+            await self.connection.close()
+
     async def run(self) -> None:
+        await self.open_companions()
         sub = await self.open()
         await asyncio.wait_for(sub.connected.wait(), 60)
         self.note_changes()
@@ -250,7 +286,13 @@ class SubscriberProcess:
         finally:
             watching.cancel()
             await self.close()
+            await self.close_companions()
             self.journal.add({"e": "end", "t": _now(), "position": self.position})
+
+
+async def _drain(sub: Subscriber) -> None:
+    async for _ in sub:
+        pass
 
 
 # -------------------------------------------------------------------- flood --

@@ -56,8 +56,13 @@ BROKERS = ("broker-a", "broker-b")
 KEYS = [f"A-{i}" for i in range(10)] + [f"B-{i}" for i in range(10)]
 SUBSCRIBERS: dict[str, dict[str, Any]] = {
     "all": {},
-    "prefix-a": {"prefixes": ["A-"]},
-    "keys-b": {"keys": ["B-1", "B-4", "B-7"]},
+    # Lanes of one SubscribeMany stream each, beside companions with other filters (chaos_client.py).
+    "prefix-a": {
+        "prefixes": ["A-"],
+        "connection": True,
+        "companions": [{"prefixes": ["B-"]}, {"keys": ["B-2", "B-5"]}],
+    },
+    "keys-b": {"keys": ["B-1", "B-4", "B-7"], "connection": True, "companions": [{"prefixes": ["A-"]}]},
     "slow": {"mode": "migrate", "budget": 1 * 2**20, "flow_limit": 50, "slow_rate": 10.0},
     "reopen": {"prefixes": ["B-"]},
 }
@@ -670,6 +675,7 @@ def _result(
     duplicates = sum(v.duplicates for v in verdicts)
     reordered = sum(v.reordered for v in verdicts)
     gaps = sum(v.gaps for v in verdicts)
+    unexpected = sum(v.unexpected for v in verdicts)
     actives = check.max_actives(run.samples)
     unflushed = [p for p, ok in drain.get("publishers_flushed", {}).items() if not ok]
     result = {
@@ -684,6 +690,7 @@ def _result(
         "duplicates": duplicates,
         "reordered": reordered,
         "gaps": gaps,
+        "unexpected": unexpected,
         "max_actives": actives,
         "two_active_windows": windows[:20],
         "publish_stall_max_s": round(summary.max_s, 3),
@@ -726,7 +733,7 @@ def _result(
 
 def violations(result: dict[str, Any]) -> list[str]:
     """The promises a schedule broke, in words (empty: none)."""
-    out = [f"{k}={result[k]}" for k in ("lost", "duplicates", "reordered", "gaps") if result[k]]
+    out = [f"{k}={result[k]}" for k in ("lost", "duplicates", "reordered", "gaps", "unexpected") if result.get(k)]
     if result["max_actives"] > 1:
         out.append(f"max_actives={result['max_actives']}")
     if result["unflushed_publishers"]:
@@ -759,7 +766,8 @@ def run_many(seeds: list[int], cfg: ChaosConfig, folder: Path, progress: Callabl
         (folder / f"seed-{seed}" / "result.json").write_text(json.dumps(result, indent=1, default=str))
         progress(
             f"schedule seed {seed}: lost {result.get('lost')}, duplicates {result.get('duplicates')}, "
-            f"reordered {result.get('reordered')}, gaps {result.get('gaps')}, max_actives "
+            f"reordered {result.get('reordered')}, gaps {result.get('gaps')}, "
+            f"unexpected {result.get('unexpected')}, max_actives "
             f"{result.get('max_actives')}, longest stall {result.get('publish_stall_max_s')} s, "
             f"violations {result.get('violations') or 'none'}"
         )
