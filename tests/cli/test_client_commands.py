@@ -78,11 +78,11 @@ def test_publish_subscribe_and_metrics(broker: BrokerProcess) -> None:
 
 
 def test_publish_to_a_broker_that_is_not_there_is_one_line(tmp_path: Path) -> None:
-    result = _cli("publish", "t", "k", "body", "-b", "127.0.0.1:1")
+    result = _cli("publish", "t", "k", "body", "-b", "127.0.0.1:1", "--connect-timeout", "1.5")
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     # The last answer gRPC gave says why.
-    assert line.startswith("sokutatsu: error: no broker answered within 10s: ['127.0.0.1:1'] (127.0.0.1:1: UNAVAILABLE")
+    assert line.startswith("sokutatsu: error: no broker answered within 1.5s: ['127.0.0.1:1'] (127.0.0.1:1: UNAVAILABLE")
     assert "Connection refused" in line
 
 

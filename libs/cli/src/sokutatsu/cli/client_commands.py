@@ -46,11 +46,14 @@ def publish(
     transient: Annotated[
         bool, typer.Option("--transient", help="Non-persistent: dropped, not refused, at limits.")
     ] = False,
+    connect_timeout: Annotated[
+        float, typer.Option("--connect-timeout", min=0.1, help="Seconds to wait for a broker to answer.")
+    ] = 10.0,
 ) -> None:
     """Publish one message (or each line of stdin) and wait for the acknowledgement."""
 
     async def main() -> None:
-        async with Publisher(broker, publisher_id, config=client_config()) as pub:
+        async with Publisher(broker, publisher_id, config=client_config(), connect_timeout=connect_timeout) as pub:
             lines = [body] if body is not None else (line.rstrip("\n") for line in sys.stdin)
             count = 0
             for line in lines:
