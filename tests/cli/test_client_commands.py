@@ -82,7 +82,9 @@ def test_publish_to_a_broker_that_is_not_there_is_one_line(tmp_path: Path) -> No
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     # The last answer gRPC gave says why.
-    assert line.startswith("sokutatsu: error: no broker answered within 1.5s: ['127.0.0.1:1'] (127.0.0.1:1: UNAVAILABLE")
+    assert line.startswith(
+        "sokutatsu: error: no broker answered within 1.5s: ['127.0.0.1:1'] (127.0.0.1:1: UNAVAILABLE"
+    )
     assert "Connection refused" in line
 
 
