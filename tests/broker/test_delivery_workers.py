@@ -8,15 +8,29 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import grpc
 import pytest
 from grpc import aio
 
-from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Subscriber, SubscriberConnection
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
-from tests.broker.raw import ManyReader, batch, many_credit, many_open, message, open_publish, publish, start_many
+from tests.broker.raw import (
+    ManyCall,
+    ManyReader,
+    batch,
+    many_credit,
+    many_open,
+    message,
+    open_publish,
+    publish,
+    start_many,
+)
 from tests.broker.test_pair import TOPIC, switch
 from tests.client.test_subscriber_connection import Reader, _key, _publish
+from tests.security.fix_auth import AuthFile, auth_file
+
+__all__ = ["auth_file"]  # the fixture, for the test below
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,10 +39,24 @@ async def _workers(address: str) -> list[broker_pb2.DeliveryWorkerStats]:
     return list((await stats(address)).delivery_workers)
 
 
-async def _moved_to(address: str) -> str:
+def _serialize(request: broker_pb2.SubscribeManyRequest) -> bytes:
+    return request.SerializeToString()
+
+
+def _many(channel: aio.Channel, metadata: tuple[tuple[str, str], ...]) -> ManyCall:
+    """A SubscribeMany stream with this call metadata (a bearer token)."""
+    call: ManyCall = channel.stream_stream(
+        "/sokutatsu.broker.v1.Broker/SubscribeMany",
+        request_serializer=_serialize,
+        response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
+    )(metadata=metadata)
+    return call
+
+
+async def _moved_to(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> str:
     """What the broker answers a new SubscribeMany stream with, as an address."""
     async with aio.insecure_channel(address) as channel:
-        call = start_many(channel)
+        call = _many(channel, metadata)
         first = await call.read()
         assert isinstance(first, broker_pb2.SubscribeManyResponse)
         assert not first.frames
@@ -237,3 +265,44 @@ async def test_switchover_with_workers_moves_one_shared_subscriber_and_loses_or_
         assert r.sub.duplicates == 0
     assert moved.brokers == ["broker-a", "broker-b", "broker-a"]
     assert stays.brokers == ["broker-a"]
+
+
+async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_principal_s_streams(
+    broker_factory: Callable[..., BrokerProcess], auth_file: AuthFile
+) -> None:
+    broker = broker_factory(delivery_workers="1", max_streams_per_client="2")
+    broker.env.update(auth_file.env("svc"))
+    broker.start()
+    app = auth_file.metadata("app")
+    worker = await _moved_to(broker.address, app)
+    assert worker == (await _workers_as(broker.address, auth_file.metadata("admin")))[0].address
+
+    async def refused(metadata: tuple[tuple[str, str], ...], *frames: broker_pb2.SubscriptionRequest) -> str:
+        async with aio.insecure_channel(worker) as channel:
+            reader = ManyReader(_many(channel, metadata))
+            await reader.send(*frames)
+            with pytest.raises(aio.AioRpcError) as error:
+                await reader.until(lambda: False)
+            return error.value.code().name
+
+    assert await refused((), many_open(1, "app-1", "t.x", 10)) == "UNAUTHENTICATED"
+    assert await refused(app, many_open(1, "other-1", "t.x", 10)) == "PERMISSION_DENIED"  # not app's id
+    assert await refused(app, many_open(1, "app-1", "u.x", 10)) == "PERMISSION_DENIED"  # no grant on u.*
+    async with aio.insecure_channel(worker) as channel:
+        reader = ManyReader(_many(channel, app))
+        # The stream and one subscription are the principal's two streams: a second subscription is over.
+        await reader.send(many_open(1, "app-1", "t.x", 10), many_open(2, "app-2", "t.x", 10))
+        await reader.until(lambda: bool(reader.kinds(1)) and bool(reader.kinds(2)))
+        assert reader.kinds(1) == ["subscribed"]
+        assert reader.events[2][0].ended.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        # The core counts the principal, not the connection: another connection's stream is over too.
+        assert await refused(app, many_open(1, "app-3", "t.x", 10)) == "RESOURCE_EXHAUSTED"
+        reader.call.cancel()
+
+
+async def _workers_as(address: str, metadata: tuple[tuple[str, str], ...]) -> list[broker_pb2.DeliveryWorkerStats]:
+    async with aio.insecure_channel(address) as channel:
+        reply = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+            broker_pb2.GetStatsRequest(), metadata=metadata, timeout=10
+        )
+    return list(reply.delivery_workers)

@@ -133,7 +133,7 @@ class Relay:
             None if client is None else {"key": client.key, "who": client.who, "per_connection": client.per_connection}
         )
         link.send(OPEN, stream, encode(who))
-        failure: list[SokutatsuError] = []
+        failure: list[Exception] = []
 
         async def read() -> None:
             try:
@@ -142,7 +142,9 @@ class Relay:
                     if link.paused:
                         await link.drained()
                 link.send(HALF_CLOSE, stream)
-            except SokutatsuError as exc:  # a frame over the request budget, refused before it is relayed
+            except Exception as exc:  # noqa: BLE001 - the stream ends with it (the broker is told: CANCEL)
+                # A frame over the request budget (SokutatsuError), or one auth refused (aio.AbortError:
+                # the status is set already): neither is relayed.
                 failure.append(exc)
                 one.wake.set()
 
