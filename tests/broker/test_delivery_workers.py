@@ -282,7 +282,7 @@ async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_princip
             reader = ManyReader(_many(channel, metadata))
             await reader.send(*frames)
             with pytest.raises(aio.AioRpcError) as error:
-                await reader.until(lambda: False)
+                await asyncio.wait_for(reader.until(lambda: False), 30)  # a hang guard, not a measure
             return error.value.code().name
 
     assert await refused((), many_open(1, "app-1", "t.x", 10)) == "UNAUTHENTICATED"

@@ -235,6 +235,7 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
         recording: Recording | None = None
         if profile_dir is not None and where.active is not None:
             label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
+            label += f"-{run.workers}-workers" if run.workers else ""
             recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
         run.published = await publish(run.system, where.addresses, cfg, run.total)
         if run.published.sent < run.total:

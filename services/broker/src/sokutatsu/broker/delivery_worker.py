@@ -192,12 +192,15 @@ class Relay:
         )
 
 
-def build(link_path: str, index: int, stop: asyncio.Event, policy: Policy | None) -> Any:
+def build(link_path: str, index: int, stop: asyncio.Event, policy: Policy | None, batch_bytes: int) -> Any:
     async def register(server: aio.Server, context: ServiceContext) -> Sequence[str]:
         loop = asyncio.get_running_loop()
         _, link = await loop.create_unix_connection(lambda: WorkerLink(stop), link_path)
         context.stack.callback(link.close)
-        server.add_generic_rpc_handlers((Relay(link, policy, context.runtime.max_frame_bytes // 2).handler(),))
+        # A joined response holds about two of the broker's frames at most: well within what clients
+        # accept (the SDK: 16 MiB), as the broker's own frames are (about BATCH_BYTES).
+        cap = min(context.runtime.max_frame_bytes // 2, 2 * batch_bytes)
+        server.add_generic_rpc_handlers((Relay(link, policy, cap).handler(),))
         context.untraced.add(f"/{SERVICE}/SubscribeMany")
 
         async def hello() -> None:
@@ -243,7 +246,7 @@ def main() -> NoReturn:
                 service="broker-delivery-worker",
                 settings=settings,
                 runtime=runtime,
-                register=build(link_path, index, stop, policy),
+                register=build(link_path, index, stop, policy, broker.batch_bytes),
                 listen_var="SOKUTATSU_BROKER_DELIVERY_WORKER_LISTEN",
                 stop=stop,
                 tls=tls,
