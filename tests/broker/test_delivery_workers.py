@@ -65,6 +65,15 @@ async def _moved_to(address: str, metadata: tuple[tuple[str, str], ...] = ()) ->
     return address.rpartition(":")[0] + moved if moved.startswith(":") else moved
 
 
+def _link_of(worker: int) -> Path:
+    """The link socket a worker was started with: python -m sokutatsu.broker.delivery_worker LINK INDEX LISTEN."""
+    return Path(Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[3].decode())
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
 def _gone(pid: int) -> bool:
     """No such process, or only its exit status is left (a zombie nobody reaped yet)."""
     try:
@@ -219,12 +228,16 @@ async def test_a_killed_broker_leaves_no_worker(broker_factory: Callable[..., Br
     pids = [w.pid for w in await _workers(broker.address)]
     assert all(pids)
     assert len(set(pids)) == 2
+    link = _link_of(pids[0])
+    assert _exists(link)
     broker.kill9()
 
     async def gone() -> bool:
         return all(_gone(pid) for pid in pids)
 
     await until(gone, "the workers of a killed broker to exit")
+    # The dead broker could not remove its link's private folder: its workers did.
+    assert not _exists(link.parent)
 
 
 async def test_switchover_with_workers_moves_one_shared_subscriber_and_loses_or_doubles_nothing(

@@ -17,6 +17,7 @@ the worker exits: the SDK reconnects to a broker, as when its broker's stream br
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -25,6 +26,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -262,7 +264,16 @@ def main() -> NoReturn:
         for error in group.exceptions:
             log.error("delivery worker failed", exc_info=error)  # noqa: TRY400 - each error of the group
         sys.exit(1)
+    _tidy(Path(link_path), runtime.parent_pid)
     sys.exit(0)
+
+
+def _tidy(link: Path, broker_pid: int) -> None:
+    """A broker that died (kill -9) left its link's socket and private folder: its last worker removes them."""
+    if broker_pid and os.getppid() != broker_pid:
+        with contextlib.suppress(OSError):
+            link.unlink(missing_ok=True)
+            link.parent.rmdir()  # only when empty: nothing but the socket was ever in it
 
 
 if __name__ == "__main__":
