@@ -319,3 +319,44 @@ async def _workers_as(address: str, metadata: tuple[tuple[str, str], ...]) -> li
             broker_pb2.GetStatsRequest(), metadata=metadata, timeout=10
         )
     return list(reply.delivery_workers)
+
+
+async def test_kill9_of_the_active_core_with_workers_fails_over_with_nothing_lost(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory(delivery_workers="1")
+    old_worker = (await _workers(pair.active.address))[0].pid
+    total = 4000
+    async with SubscriberConnection() as connection:
+        readers = [
+            Reader(Subscriber(pair.addresses, f"desk-{i}", TOPIC, durable=True, connection=connection), total)
+            for i in range(2)
+        ]
+        for r in readers:
+            await r.sub.start()
+        await asyncio.wait_for(asyncio.gather(*(r.sub.connected.wait() for r in readers)), 30)
+        tasks = [asyncio.create_task(r.run()) for r in readers]
+        publishing = asyncio.create_task(_publish(pair.addresses, "feed", total, pace=0.01))
+
+        async def going() -> bool:
+            return all(len(r.got) > 800 for r in readers)
+
+        await until(going, "delivery to get going")
+        pair.active.kill9()
+        await publishing
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        # The survivor's stream is at the survivor's worker.
+        survivor = (await _workers(pair.standby.address))[0].address
+        assert connection._links[pair.standby.address].target == survivor
+        for r in readers:
+            await r.sub.close()
+    for r in readers:
+        assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
+        assert r.sub.duplicates == 0
+        assert not r.sub.gaps
+        assert r.brokers == ["broker-a", "broker-b"]
+
+    async def gone() -> bool:
+        return _gone(old_worker)
+
+    await until(gone, "the dead active's worker to exit")
