@@ -185,6 +185,8 @@ class Run:
     load: tuple[float, float] = (0.0, 0.0)
     steal: float | None = None
     profile: str | None = None
+    # With delivery workers: the frames the active's core sent its workers, and the writes they took.
+    link: dict[str, int] = field(default_factory=dict)
 
 
 async def scenario(
@@ -250,6 +252,9 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
         run.got = [await r for r in results]
         run.end_ns = time.time_ns()
         run.cpu_seconds = {name: process_cpu(pid) - before[name] for name, pid in where.pids.items()}
+        if run.workers and where.pair is not None:
+            workers = (await stats(where.pair.active.address)).delivery_workers
+            run.link = {"frames": sum(w.link_frames for w in workers), "writes": sum(w.link_writes for w in workers)}
         if recording is not None:
             run.profile = await recording.finish()
 
@@ -317,6 +322,7 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
         # The active broker's own process (with delivery workers: the core), then each of its workers.
         "active_cpu_ms_per_1000_deliveries": round(1000 * active / thousands, 2) if thousands else None,
         **({"active_worker_cpu_ms_per_1000_deliveries": per_worker} if run.workers else {}),
+        **({"active_link_frames_and_writes": run.link} if run.link else {}),
         "told_to_stop": any(g["told_to_stop"] for g in run.got),
         "load_average_1m": {"before": run.load[0], "after": run.load[1]},
         "cpu_steal_percent": run.steal,

@@ -214,6 +214,10 @@ class Workers:
             await self.close()
 
     async def close(self) -> None:
+        # The links first: each worker ends its clients' streams at once and exits (rather than waiting
+        # out its grace period for streams only this process could end).
+        for link in list(self.links.values()):
+            link.close()
         for process in list(self.processes.values()):
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
