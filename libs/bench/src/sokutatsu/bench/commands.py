@@ -330,6 +330,13 @@ def bench_fanout(
         Path | None,
         typer.Option("--profile", help="Record the active broker with py-spy at N=16 and 64 into this folder."),
     ] = None,
+    delivery_workers: Annotated[
+        str,
+        typer.Option(
+            "--delivery-workers",
+            help="Sokutatsu with these numbers of delivery workers per broker, one scenario each, e.g. 0,1,2.",
+        ),
+    ] = "0",
 ) -> None:
     """One feed to N filtered or unfiltered subscribers: Sokutatsu vs NATS JetStream push and pull (issue 23)."""
     import dataclasses  # noqa: PLC0415 - only for this command
@@ -351,7 +358,13 @@ def bench_fanout(
     filters = {"both": (False, True), "every": (False,), "filtered": (True,)}.get(keys)
     if filters is None:
         raise typer.BadParameter(f"choose both, every or filtered; got {keys!r}")
-    cfg = dataclasses.replace(cfg, filters=filters)
+    try:
+        workers = tuple(int(k) for k in delivery_workers.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected numbers of workers such as 0,1,2, got {delivery_workers!r}") from None
+    if not workers or any(k < 0 for k in workers):
+        raise typer.BadParameter(f"expected numbers of workers such as 0,1,2, got {delivery_workers!r}")
+    cfg = dataclasses.replace(cfg, filters=filters, delivery_workers=workers)
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
     path = json_path or Path(f"bench/results/fanout-{stamp}{'-quick' if quick else ''}.json")
     plots = plots or Path(f"bench/results/plots{'-quick' if quick else ''}")

@@ -43,7 +43,7 @@ from sokutatsu.bench.peers_clients import make_body
 from sokutatsu.bench.queuedb_remote import process_cpu
 from sokutatsu.cli.children import child_process, child_result, tell
 from sokutatsu.cli.measure import machine
-from sokutatsu.harness.broker import Pair
+from sokutatsu.harness.broker import Pair, stats
 
 PER_PROCESS = 32
 # A publisher held back by acknowledgements stops after this many times its planned time.
@@ -59,6 +59,8 @@ class FanoutConfig:
     drain_seconds: float  # after the last publish is acknowledged, at most this long for the rest
     size: int = 256
     filters: tuple[bool, ...] = (False, True)
+    # SOKUTATSU_BROKER_DELIVERY_WORKERS of both brokers, one Sokutatsu scenario each (0: none).
+    delivery_workers: tuple[int, ...] = (0,)
 
 
 QUICK = FanoutConfig(counts=(1, 16), rate=2000, seconds=3.0, drain_seconds=5.0)
@@ -98,14 +100,26 @@ def nats_pid() -> int | None:
 
 
 @contextlib.contextmanager
-def servers(system: str) -> Iterator[Servers]:
+def servers(system: str, workers: int = 0) -> Iterator[Servers]:
     if system != "sokutatsu":
         pid = nats_pid()
         yield Servers([], {"nats-server": pid} if pid else {}, pid)
         return
-    with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-fanout-") as tmp, pair_with_monitor(Path(tmp)) as pair:
+    with (
+        tempfile.TemporaryDirectory(prefix="sokutatsu-bench-fanout-") as tmp,
+        pair_with_monitor(Path(tmp), broker={"delivery_workers": str(workers)}) as pair,
+    ):
         pids = {"broker-a": pair.active.pid, "broker-b": pair.standby.pid}
         yield Servers(pair.addresses, pids, pair.active.pid, pair)
+
+
+async def add_workers(where: Servers) -> None:
+    """The delivery workers of both brokers, measured as ``broker-a-worker-<i>`` and so on."""
+    if where.pair is None:
+        return
+    for name, broker in (("broker-a", where.pair.active), ("broker-b", where.pair.standby)):
+        for worker in (await stats(broker.address)).delivery_workers:
+            where.pids[f"{name}-worker-{worker.index}"] = worker.pid
 
 
 def reachable(system: str) -> str | None:
@@ -163,6 +177,7 @@ class Run:
     filtered: bool
     total: int
     processes: int
+    workers: int = 0
     published: Published = field(default_factory=Published)
     got: list[dict[str, Any]] = field(default_factory=list)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -170,18 +185,21 @@ class Run:
     load: tuple[float, float] = (0.0, 0.0)
     steal: float | None = None
     profile: str | None = None
+    # With delivery workers: the frames the active's core sent its workers, and the writes they took.
+    link: dict[str, int] = field(default_factory=dict)
 
 
 async def scenario(
-    system: str, n: int, filtered: bool, cfg: FanoutConfig, profile_dir: Path | None = None
+    system: str, n: int, filtered: bool, cfg: FanoutConfig, profile_dir: Path | None = None, *, workers: int = 0
 ) -> dict[str, Any]:
     total = int(cfg.rate * cfg.seconds)
-    run = Run(system, n, filtered, total, processes_for(n))
+    run = Run(system, n, filtered, total, processes_for(n), workers)
     load_before = os.getloadavg()[0]
     steal_before = cpu_sample()
-    with servers(system) as where:
+    with servers(system, workers) as where:
         if where.pair is not None:
             await where.pair.wait_paired()  # the standby caught up: no start-up in the figures
+            await add_workers(where)
         else:
             await prepare_nats()
         try:
@@ -219,6 +237,7 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
         recording: Recording | None = None
         if profile_dir is not None and where.active is not None:
             label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
+            label += f"-{run.workers}-workers" if run.workers else ""
             recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
         run.published = await publish(run.system, where.addresses, cfg, run.total)
         if run.published.sent < run.total:
@@ -233,6 +252,9 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
         run.got = [await r for r in results]
         run.end_ns = time.time_ns()
         run.cpu_seconds = {name: process_cpu(pid) - before[name] for name, pid in where.pids.items()}
+        if run.workers and where.pair is not None:
+            workers = (await stats(where.pair.active.address)).delivery_workers
+            run.link = {"frames": sum(w.link_frames for w in workers), "writes": sum(w.link_writes for w in workers)}
         if recording is not None:
             run.profile = await recording.finish()
 
@@ -266,9 +288,15 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
     broker_cpu = sum(run.cpu_seconds.values())
     active = run.cpu_seconds.get("broker-a", broker_cpu)
     thousands = received / 1000
+    per_worker = [
+        round(1000 * run.cpu_seconds[f"broker-a-worker-{i}"] / thousands, 2) if thousands else None
+        for i in range(run.workers)
+        if f"broker-a-worker-{i}" in run.cpu_seconds
+    ]
     max_ns = max((g["max_latency_ns"] for g in run.got), default=0)
     return {
         "system": run.system,
+        **({"delivery_workers": run.workers} if run.system == "sokutatsu" else {}),
         "subscribers": run.n,
         "filtered": run.filtered,
         "consumer_processes": run.processes,
@@ -291,7 +319,10 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
         "seconds_to_last_delivery": round(seconds, 3),
         "broker_cpu_seconds": {k: round(v, 2) for k, v in run.cpu_seconds.items()},
         "broker_cpu_ms_per_1000_deliveries": round(1000 * broker_cpu / thousands, 2) if thousands else None,
+        # The active broker's own process (with delivery workers: the core), then each of its workers.
         "active_cpu_ms_per_1000_deliveries": round(1000 * active / thousands, 2) if thousands else None,
+        **({"active_worker_cpu_ms_per_1000_deliveries": per_worker} if run.workers else {}),
+        **({"active_link_frames_and_writes": run.link} if run.link else {}),
         "told_to_stop": any(g["told_to_stop"] for g in run.got),
         "load_average_1m": {"before": run.load[0], "after": run.load[1]},
         "cpu_steal_percent": run.steal,
@@ -322,19 +353,21 @@ async def measure(
             continue
         for n in cfg.counts:
             for filtered in cfg.filters:
-                say(f"{system}: N={n} {'filtered' if filtered else 'every key'} ...")
-                folder = profile[0] if profile and system == "sokutatsu" and n in profile[1] else None
-                try:
-                    row = await scenario(system, n, filtered, cfg, folder)
-                except Exception as exc:  # noqa: BLE001 - one failing scenario must not hide the others
-                    row = {
-                        "system": system,
-                        "subscribers": n,
-                        "filtered": filtered,
-                        "error": f"{type(exc).__name__}: {exc}",
-                    }
-                say(f"  {_line(row)}")
-                rows.append(row)
+                for workers in cfg.delivery_workers if system == "sokutatsu" else (0,):
+                    extra = f", {workers} delivery workers" if system == "sokutatsu" and workers else ""
+                    say(f"{system}: N={n} {'filtered' if filtered else 'every key'}{extra} ...")
+                    folder = profile[0] if profile and system == "sokutatsu" and n in profile[1] else None
+                    try:
+                        row = await scenario(system, n, filtered, cfg, folder, workers=workers)
+                    except Exception as exc:  # noqa: BLE001 - one failing scenario must not hide the others
+                        row = {
+                            "system": system,
+                            "subscribers": n,
+                            "filtered": filtered,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
+                    say(f"  {_line(row)}")
+                    rows.append(row)
     return {
         "benchmark": "fanout",
         "rows": rows,
@@ -352,7 +385,8 @@ async def measure(
             "NATS: nats-py, JetStream file storage, publish_async, one "
             "durable consumer per subscriber (push to a callback, or pull in batches of 100), one connection per "
             "consumer process, max_ack_pending 1000. Broker CPU: /proc/<pid>/stat of both brokers (or nats-server) "
-            "from the first publish to the end."
+            "from the first publish to the end; with delivery workers, the brokers' workers too, and the active's "
+            "core and each of its workers apart (`core / workers` column)."
         ),
         "config": {**cfg.__dict__, "per_process": PER_PROCESS},
         "machine": machine(),
@@ -363,12 +397,14 @@ async def measure(
 def _line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"error: {row['error']}"
+    workers = row.get("active_worker_cpu_ms_per_1000_deliveries")
+    split_cpu = f" (core {row['active_cpu_ms_per_1000_deliveries']}, workers {workers})" if workers else ""
     return (
         f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s "
         f"({row['delivered_percent_of_offered']} %), p50 {row['p50_ms']} p99 {row['p99_ms']} max {row['max_ms']} ms, "
         f"lost {row['lost']} dup {row['duplicates']} undelivered {row['undelivered']}, "
         f"publisher {row['publish_msgs_per_s']:,} msgs/s, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} "
-        f"ms/1000, load {row['load_average_1m']['before']}"
+        f"ms/1000{split_cpu}, load {row['load_average_1m']['before']}"
     )
 
 
@@ -407,23 +443,26 @@ def _div(top: float | None, bottom: float | None) -> float | None:
 def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> str:
     lines = [
         "| system | N | filter | procs | deliveries/s of offered | p50 / p99 / max ms | lost / dup / reord / undeliv "
-        "| publisher msgs/s | broker CPU ms per 1,000 (active) | load 1m |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| publisher msgs/s | broker CPU ms per 1,000 (active) | active: core / workers | load 1m |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        head = f"| {r['system']} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
+        system = r["system"] + (f", {r['delivery_workers']} workers" if r.get("delivery_workers") else "")
+        head = f"| {system} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
         if "error" in r:
-            lines.append(head + f"| | error: {r['error']} | | | | | |")
+            lines.append(head + f"| | error: {r['error']} | | | | | | |")
             continue
+        workers = r.get("active_worker_cpu_ms_per_1000_deliveries")
+        split_cpu = f"{r['active_cpu_ms_per_1000_deliveries']} / {', '.join(map(str, workers))}" if workers else ""
         lines.append(
             head + f"| {r['consumer_processes']} "
             f"| {r['deliveries_per_s']:,} of {r['offered_deliveries_per_s']:,} ({r['delivered_percent_of_offered']} %) "
             f"| {r['p50_ms']} / {r['p99_ms']} / {r['max_ms']} "
             f"| {r['lost']} / {r['duplicates']} / {r['reordered']} / {r['undelivered']} "
             f"| {r['publish_msgs_per_s']:,} | {r['broker_cpu_ms_per_1000_deliveries']} "
-            f"({r['active_cpu_ms_per_1000_deliveries']}) | {r['load_average_1m']['before']} |"
+            f"({r['active_cpu_ms_per_1000_deliveries']}) | {split_cpu} | {r['load_average_1m']['before']} |"
         )
-    lines.extend(f"| {system} | skipped: {why} | | | | | | | | |" for system, why in skipped.items())
+    lines.extend(f"| {system} | skipped: {why} | | | | | | | | | |" for system, why in skipped.items())
     return "\n".join(lines)
 
 

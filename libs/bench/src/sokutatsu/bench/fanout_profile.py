@@ -211,6 +211,7 @@ def write_breakdown(folder: Path, seconds: float, rows: list[dict[str, object]])
         if not isinstance(profile, str):
             continue
         label = f"N={row['subscribers']}, {'1/16 of the keys' if row['filtered'] else 'every key'}"
+        label += f", {row['delivery_workers']} delivery workers" if row.get("delivery_workers") else ""
         figures = (
             f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s, p50 {row['p50_ms']} / "
             f"p99 {row['p99_ms']} ms, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} ms per 1,000"

@@ -16,6 +16,12 @@ stream to that broker.
 Each ``_ManyLink`` is one stream to one broker; a link whose stream broke is replaced by a new one
 when the next subscriber opens on that address (each subscriber reconnects with its own backoff,
 as without a connection). Subscription ids are the link's, increasing, never reused.
+
+A broker with delivery workers answers a new stream with ``moved_to`` (one of its workers) and ends
+it, having opened nothing: the link then reopens its stream at the worker and sends it every frame
+it had sent the broker, in order (so every lane opens there). The link still belongs to the broker
+(``address``): redirects and reconnects name brokers, and when the worker's stream breaks the next
+link opens at the broker again, which moves it again.
 """
 
 from __future__ import annotations
@@ -101,6 +107,11 @@ class ManyLink:
 
     def __init__(self, address: str, config: ClientConfig, ack_interval: float) -> None:
         self.address = address
+        # Where the stream is open: the broker's address, or the delivery worker it moved the link to.
+        self.target = address
+        # Frames written on a stream to the broker until its first response: replayed at the worker
+        # when that response is ``moved_to`` (None once the stream is known to stay where it is).
+        self._written: list[broker_pb2.SubscriptionRequest] | None = None
         self.config = config
         self.ack_interval = ack_interval
         self.lanes: dict[int, Lane] = {}
@@ -141,20 +152,14 @@ class ManyLink:
     async def _run(self) -> None:
         reason: BaseException = StreamEnded()
         try:
-            async with self.config.channel(self.address, options=CHANNEL_OPTIONS) as channel:
-                call: _ManyCall = channel.stream_stream(
-                    SUBSCRIBE_MANY_METHOD,
-                    request_serializer=_serialize_request,
-                    response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
-                )()
-                writer = asyncio.create_task(self._write(call), name=f"subscribe-many-writer-{self.address}")
-                ticker = asyncio.create_task(self._tick(), name=f"subscribe-many-acks-{self.address}")
-                try:
-                    await self._read(call)
-                finally:
-                    writer.cancel()
-                    ticker.cancel()
-                    await asyncio.gather(writer, ticker, return_exceptions=True)
+            moved = await self._stream(self.address)
+            if moved is not None:
+                # Everything sent to the broker, then what is queued, in order: the broker opened nothing.
+                written, self._written = self._written or [], None
+                self._pending = written + self._pending
+                self._wake.set()
+                self.target = moved
+                await self._stream(moved)
         except (aio.AioRpcError, StreamEnded) as exc:
             reason = exc
         finally:
@@ -163,6 +168,25 @@ class ManyLink:
             self.lanes.clear()
             for lane in lanes:
                 lane.finish(reason)
+
+    async def _stream(self, target: str) -> str | None:
+        """One stream at ``target`` until it ends (raises why); the worker's address when the broker
+        moved the stream (only a stream at the broker may be moved, once)."""
+        self._written = [] if target == self.address else None
+        async with self.config.channel(target, options=CHANNEL_OPTIONS) as channel:
+            call: _ManyCall = channel.stream_stream(
+                SUBSCRIBE_MANY_METHOD,
+                request_serializer=_serialize_request,
+                response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
+            )()
+            writer = asyncio.create_task(self._write(call), name=f"subscribe-many-writer-{target}")
+            ticker = asyncio.create_task(self._tick(), name=f"subscribe-many-acks-{target}")
+            try:
+                return await self._read(call)
+            finally:
+                writer.cancel()
+                ticker.cancel()
+                await asyncio.gather(writer, ticker, return_exceptions=True)
 
     async def _tick(self) -> None:
         """Every ``ack_interval``, every lane's pending acknowledgement, in one frame (one timer per
@@ -178,13 +202,15 @@ class ManyLink:
             self._wake.clear()
             frames, self._pending = self._pending, []
             if frames:
+                if self._written is not None:
+                    self._written += frames  # before the write: a write the moved stream refuses is replayed too
                 await write_frame(call, broker_pb2.SubscribeManyRequest(frames=frames))
             if self._closing and not self._pending:
                 with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
                     await call.done_writing()
                 return
 
-    async def _read(self, call: _ManyCall) -> None:
+    async def _read(self, call: _ManyCall) -> str | None:
         lanes = self.lanes
         while True:
             response = await call.read()
@@ -193,6 +219,10 @@ class ManyLink:
                 raise StreamEnded
             if not isinstance(response, broker_pb2.SubscribeManyResponse):  # pragma: no cover - typed by the stub
                 continue
+            if self._written is not None:
+                if response.moved_to:
+                    return _resolve(response.moved_to, self.address)
+                self._written = None  # served where it is
             for frame in response.frames:
                 lane = lanes.get(frame.id)
                 if lane is None:
@@ -208,6 +238,13 @@ class ManyLink:
                 elif kind == "ended":
                     del lanes[frame.id]
                     lane.finish(_ended(frame.ended))
+
+
+def _resolve(moved_to: str, broker: str) -> str:
+    """``moved_to`` as an address: ":port" is that port on the host the broker was reached at."""
+    if moved_to.startswith(":"):
+        return broker.rpartition(":")[0] + moved_to
+    return moved_to
 
 
 def _ended(ended: broker_pb2.SubscriptionEnded) -> BaseException:

@@ -94,6 +94,18 @@ def _principal(policy: Policy, context: _Context) -> Principal | None:
     return None
 
 
+def client_of(policy: Policy | None, context: _Context) -> Client | None:
+    """Who ``context``'s call counts for under ``policy``; ``None`` for a service principal (not
+    limited). A delivery worker finds it this way and hands it to the broker with the stream."""
+    if policy is not None:
+        principal = _principal(policy, context)
+        if principal is not None:
+            name = f"principal {principal.name}"
+            return None if principal.service else Client(name, name, per_connection=False)
+    peer = context.peer()
+    return Client(f"peer {peer}", f"peer {peer.rpartition(':')[0] or peer}", per_connection=True)
+
+
 class Limits:
     """The limits per client of one broker, and their counters."""
 
@@ -121,13 +133,7 @@ class Limits:
     # -------------------------------------------------------------- clients --
     def client(self, context: _Context) -> Client | None:
         """Who ``context``'s call counts for; ``None`` for a service principal (not limited)."""
-        if self.policy is not None:
-            principal = _principal(self.policy, context)
-            if principal is not None:
-                name = f"principal {principal.name}"
-                return None if principal.service else Client(name, name, per_connection=False)
-        peer = context.peer()
-        return Client(f"peer {peer}", f"peer {peer.rpartition(':')[0] or peer}", per_connection=True)
+        return client_of(self.policy, context)
 
     def _refused(self, client: Client | None, limit: str, message: str) -> None:
         key = (client.who if client is not None else "a service principal", limit)

@@ -9,6 +9,7 @@ from typing import NoReturn
 from grpc import aio
 
 from sokutatsu.broker.broker import Broker
+from sokutatsu.broker.delivery_workers import Workers
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.limits import Limits
 from sokutatsu.broker.pair import install_probe, join, stream_watermarks, watch_peer
@@ -54,7 +55,10 @@ def build(settings: BrokerSettings) -> Register:
             stream_watermarks(broker, lambda: context.address), "broker-watermarks", stop_first=True
         )
         context.start_background(watch_peer(broker), "broker-peer-watch")
-        server.add_generic_rpc_handlers((DataPlane(broker, limits).handler(),))
+        plane = DataPlane(broker, limits)
+        if settings.delivery_workers:
+            plane.workers = await _start_workers(settings, plane, context)
+        server.add_generic_rpc_handlers((plane.handler(),))
         context.untraced |= {
             f"/{SERVICE}/Publish",
             f"/{SERVICE}/Subscribe",
@@ -62,11 +66,25 @@ def build(settings: BrokerSettings) -> Register:
             "/sokutatsu.broker.v1.BrokerAdmin/WatchStats",
             "/sokutatsu.broker.v1.BrokerControl/ReplicateWatermarks",
         }
-        broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker, limits), server)
+        broker_pb2_grpc.add_BrokerAdminServicer_to_server(Admin(broker, limits, workers=plane.workers), server)
         broker_pb2_grpc.add_BrokerControlServicer_to_server(Control(broker, context.stopping), server)
         return [SERVICE, "sokutatsu.broker.v1.BrokerAdmin", "sokutatsu.broker.v1.BrokerControl"]
 
     return register
+
+
+async def _start_workers(settings: BrokerSettings, plane: DataPlane, context: ServiceContext) -> Workers:
+    """Start the delivery workers and wait until each serves (docs/broker.md, Delivery workers)."""
+    host = settings.listen.rpartition(":")[0]
+    # A broker on every interface: clients are moved to the host they reached, at the worker's port.
+    named = "" if host in ("0.0.0.0", "[::]", "::", "") else host  # noqa: S104 - comparing, not binding
+    workers = Workers(plane, settings.delivery_workers, settings.delivery_worker_listen or f"{host}:0", named)
+    await workers.start()
+    context.stack.push_async_callback(workers.close)
+    # Stopped first: their clients' streams end with the broker's own, before its grace period.
+    context.start_background(workers.run(), "delivery-workers", stop_first=True)
+    await workers.wait_ready()
+    return workers
 
 
 def main() -> NoReturn:

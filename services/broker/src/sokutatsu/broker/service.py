@@ -14,6 +14,7 @@ from grpc import aio
 
 from sokutatsu.broker.broker import Broker, PeerServes
 from sokutatsu.broker.catalog import TopicSpec
+from sokutatsu.broker.delivery_workers import Workers
 from sokutatsu.broker.limits import Client, Limits
 from sokutatsu.broker.pair import receive_watermarks
 from sokutatsu.broker.settings import parse_peer
@@ -70,6 +71,8 @@ class DataPlane:
     def __init__(self, broker: Broker, limits: Limits) -> None:
         self.broker = broker
         self.limits = limits
+        # The delivery workers SubscribeMany streams are moved to (None: this process serves them).
+        self.workers: Workers | None = None
 
     async def publish(
         self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
@@ -195,7 +198,15 @@ class DataPlane:
         self, requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         """Many subscriptions on one stream (subscribe_many.py). The stream counts as one for the
-        limits per client, and each subscription open on it as one more (and as a Subscribe stream would)."""
+        limits per client, and each subscription open on it as one more (and as a Subscribe stream would).
+
+        With delivery workers ready, the stream is answered with one frame naming the worker to open
+        it at (``moved_to``, the one with the fewest streams) and ended: the worker relays it back to
+        this process (delivery_workers.py), which runs its ManyStream as below."""
+        moved = self.workers.pick() if self.workers is not None else None
+        if moved is not None:
+            yield broker_pb2.SubscribeManyResponse(moved_to=moved).SerializeToString()
+            return
         client = self.limits.client(context)
         self.limits.open_stream(client, "SubscribeMany")
         try:
@@ -277,14 +288,19 @@ class DataPlane:
 
 
 class Admin(broker_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, broker: Broker, limits: Limits, stats_interval: float = 1.0) -> None:
+    def __init__(
+        self, broker: Broker, limits: Limits, stats_interval: float = 1.0, workers: Workers | None = None
+    ) -> None:
         self.broker = broker
         self.limits = limits
         self.stats_interval = stats_interval
+        self.workers = workers
 
     def _stats(self) -> broker_pb2.BrokerStats:
         stats = self.broker.stats()
         stats.client_limits.CopyFrom(self.limits.stats())
+        if self.workers is not None:
+            stats.delivery_workers.extend(self.workers.stats())
         return stats
 
     def _exists(self, subscription: tuple[str, str]) -> bool:

@@ -146,6 +146,23 @@ class BrokerSettings(ServiceSettings):
     batch_bytes: int = setting(
         "BATCH_BYTES", 1 * 2**20, "Delivery frames hold at most about this many bytes.", parse_size
     )
+    delivery_workers: int = setting(
+        "DELIVERY_WORKERS",
+        0,
+        "Delivery worker processes (0 = none: this process serves every stream). With k > 0 the broker "
+        "starts k workers that serve the gRPC side of SubscribeMany streams on ports of their own (the "
+        "broker's host, same TLS and auth) and relay them to this process over a Unix socket; a "
+        "SubscribeMany opened on the broker is told to move to the worker with the fewest streams "
+        "(docs/broker.md, Delivery workers).",
+        parse_count,
+    )
+    delivery_worker_listen: str = setting(
+        "DELIVERY_WORKER_LISTEN",
+        "",
+        "host:port the first delivery worker listens on (the next ones on the ports after it); empty = the "
+        "broker's host, any free port.",
+        lambda raw: parse_address(raw) if raw else "",
+    )
     linger_ms: float = setting(
         "LINGER_MS",
         0.2,

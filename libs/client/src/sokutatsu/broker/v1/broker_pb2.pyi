@@ -1029,6 +1029,14 @@ class SubscribeManyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FRAMES_FIELD_NUMBER: _builtins.int
+    MOVED_TO_FIELD_NUMBER: _builtins.int
+    moved_to: _builtins.str
+    """host:port (or ":port": the host the client reached) of one of the broker's
+    delivery workers (SOKUTATSU_BROKER_DELIVERY_WORKERS), in the only frame of a
+    stream the broker ends at once, having opened none of its subscriptions: the
+    client reopens the stream and its subscriptions there. The worker belongs to
+    the broker the client reached: redirects name brokers, never workers.
+    """
     @_builtins.property
     def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionResponse]:
         """At most one batch per subscription; a subscription's frames in order."""
@@ -1037,10 +1045,11 @@ class SubscribeManyResponse(_message.Message):
         self,
         *,
         frames: _abc.Iterable[Global___SubscriptionResponse] | None = ...,
+        moved_to: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames", "moved_to", b"moved_to"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1410,6 +1419,7 @@ class BrokerStats(_message.Message):
     RETENTION_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_EXPIRY_S_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_EXPIRED_FIELD_NUMBER: _builtins.int
+    DELIVERY_WORKERS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     role: Global___BrokerRole.ValueType
     time_unix_nano: _builtins.int
@@ -1475,6 +1485,10 @@ class BrokerStats(_message.Message):
         0 = none) and SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY_S (0 = never).
         """
 
+    @_builtins.property
+    def delivery_workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliveryWorkerStats]:
+        """The delivery workers (SOKUTATSU_BROKER_DELIVERY_WORKERS), one entry each."""
+
     def __init__(
         self,
         *,
@@ -1505,14 +1519,61 @@ class BrokerStats(_message.Message):
         retention: Global___Retention | None = ...,
         subscription_expiry_s: _builtins.int = ...,
         subscriptions_expired: _builtins.int = ...,
+        delivery_workers: _abc.Iterable[Global___DeliveryWorkerStats] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["client_limits", b"client_limits", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "caught_up", b"caught_up", "client_limits", b"client_limits", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "queues_behind", b"queues_behind", "rejected_total", b"rejected_total", "retention", b"retention", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "subscription_expiry_s", b"subscription_expiry_s", "subscriptions_expired", b"subscriptions_expired", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_refusals", b"auth_refusals", "broker_id", b"broker_id", "caught_up", b"caught_up", "client_limits", b"client_limits", "delivery_workers", b"delivery_workers", "dropped_total", b"dropped_total", "duplicates_total", b"duplicates_total", "epoch", b"epoch", "held_bytes", b"held_bytes", "held_count", b"held_count", "max_bytes", b"max_bytes", "max_count", b"max_count", "peer", b"peer", "peer_up", b"peer_up", "published_total", b"published_total", "publisher_streams", b"publisher_streams", "queues_behind", b"queues_behind", "rejected_total", b"rejected_total", "retention", b"retention", "role", b"role", "rss_bytes", b"rss_bytes", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "subscriber_streams", b"subscriber_streams", "subscribers", b"subscribers", "subscription_expiry_s", b"subscription_expiry_s", "subscriptions_expired", b"subscriptions_expired", "time_unix_nano", b"time_unix_nano"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerStats: _TypeAlias = BrokerStats  # noqa: Y015
+
+@_typing.final
+class DeliveryWorkerStats(_message.Message):
+    """One delivery worker of a broker (docs/broker.md, Delivery workers)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    STREAMS_FIELD_NUMBER: _builtins.int
+    LINK_FRAMES_FIELD_NUMBER: _builtins.int
+    LINK_WRITES_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    ready: _builtins.bool
+    """Whether it is linked to the broker and serving; the port clients are moved to."""
+    address: _builtins.str
+    pid: _builtins.int
+    streams: _builtins.int
+    """SubscribeMany streams it relays now."""
+    link_frames: _builtins.int
+    """Frames the broker sent it and the writes they went out in, since this worker started."""
+    link_writes: _builtins.int
+    restarts: _builtins.int
+    """How many times the broker restarted it since the broker started."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        ready: _builtins.bool = ...,
+        address: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        streams: _builtins.int = ...,
+        link_frames: _builtins.int = ...,
+        link_writes: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "index", b"index", "link_frames", b"link_frames", "link_writes", b"link_writes", "pid", b"pid", "ready", b"ready", "restarts", b"restarts", "streams", b"streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveryWorkerStats: _TypeAlias = DeliveryWorkerStats  # noqa: Y015
 
 @_typing.final
 class ClientLimits(_message.Message):

@@ -1,0 +1,362 @@
+"""Delivery workers (SOKUTATSU_BROKER_DELIVERY_WORKERS): a broker whose SubscribeMany streams are
+served by worker processes and relayed to it, with real broker, worker and client processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
+from sokutatsu.client import Subscriber, SubscriberConnection
+from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
+from tests.broker.raw import (
+    ManyCall,
+    ManyReader,
+    batch,
+    many_credit,
+    many_open,
+    message,
+    open_publish,
+    publish,
+    start_many,
+)
+from tests.broker.test_pair import TOPIC, switch
+from tests.client.test_subscriber_connection import Reader, _key, _publish
+from tests.security.fix_auth import AuthFile, auth_file
+
+__all__ = ["auth_file"]  # the fixture, for the test below
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _workers(address: str) -> list[broker_pb2.DeliveryWorkerStats]:
+    return list((await stats(address)).delivery_workers)
+
+
+def _serialize(request: broker_pb2.SubscribeManyRequest) -> bytes:
+    return request.SerializeToString()
+
+
+def _many(channel: aio.Channel, metadata: tuple[tuple[str, str], ...]) -> ManyCall:
+    """A SubscribeMany stream with this call metadata (a bearer token)."""
+    call: ManyCall = channel.stream_stream(
+        "/sokutatsu.broker.v1.Broker/SubscribeMany",
+        request_serializer=_serialize,
+        response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
+    )(metadata=metadata)
+    return call
+
+
+async def _moved_to(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> str:
+    """What the broker answers a new SubscribeMany stream with, as an address."""
+    async with aio.insecure_channel(address) as channel:
+        call = _many(channel, metadata)
+        first = await call.read()
+        assert isinstance(first, broker_pb2.SubscribeManyResponse)
+        assert not first.frames
+        assert await call.read() is aio.EOF  # the broker ended it, having opened nothing
+    moved = first.moved_to
+    return address.rpartition(":")[0] + moved if moved.startswith(":") else moved
+
+
+def _link_of(worker: int) -> Path:
+    """The link socket a worker was started with: python -m sokutatsu.broker.delivery_worker LINK INDEX LISTEN."""
+    return Path(Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[3].decode())
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status is left (a zombie nobody reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+async def test_subscribers_on_two_workers_get_everything_once_in_order_within_credits(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory(delivery_workers="2")
+    broker.start()
+    workers = await _workers(broker.address)
+    assert [w.ready for w in workers] == [True, True]
+    ports = {w.address.rpartition(":")[2] for w in workers}
+
+    # Through a worker, frame by frame: a narrow lane gets what its credits allow and no more.
+    worker = await _moved_to(broker.address)
+    assert worker.rpartition(":")[2] in ports
+    async with aio.insecure_channel(worker) as channel, aio.insecure_channel(broker.address) as pub_channel:
+        reader = ManyReader(start_many(channel))
+        await reader.send(many_open(1, "narrow", TOPIC, 3), many_open(2, "wide", TOPIC, 1000))
+        await reader.until(lambda: all("subscribed" in reader.kinds(lane) for lane in (1, 2)))
+        pub, _ = await open_publish(pub_channel, "raw")
+        await publish(pub, batch(TOPIC, [message("raw", s) for s in range(1, 51)]))
+        await reader.until(lambda: len(reader.seqs.get(2, [])) == 50)
+
+        async def narrow_window_full() -> bool:
+            s = await subscriber_stats(broker.address, "narrow")
+            return s.in_flight == 3 and s.credits == 0 and s.depth == 50
+
+        await until(narrow_window_full, "3 messages in flight to the narrow subscription")
+        await reader.until(lambda: len(reader.seqs.get(1, [])) == 3)
+        assert reader.seqs[1] == [1, 2, 3]
+        await reader.send(many_credit(1, 47, acked={"raw": 3}))
+        await reader.until(lambda: len(reader.seqs.get(1, [])) == 50)
+        assert reader.seqs == {1: list(range(1, 51)), 2: list(range(1, 51))}
+        reader.call.cancel()
+        pub.cancel()
+
+    # The SDK: eight connections (a stream each) spread over both workers, each subscriber filtered.
+    total = 3000
+    prefixes = [[] if i % 2 else ["A." if i % 4 == 0 else "B."] for i in range(8)]
+    wanted = {
+        f"s{i}": [s for s in range(1, total + 1) if not p or _key(s - 1).startswith(p[0])]
+        for i, p in enumerate(prefixes)
+    }
+    connections = [SubscriberConnection() for _ in range(8)]
+    readers = [
+        Reader(
+            Subscriber(broker.address, name, TOPIC, durable=True, prefixes=p, connection=connections[i]),
+            len(wanted[name]),
+        )
+        for i, (name, p) in enumerate(zip(wanted, prefixes, strict=True))
+    ]
+    try:
+        for r in readers:
+            await r.sub.start()
+        await asyncio.wait_for(asyncio.gather(*(r.sub.connected.wait() for r in readers)), 60)
+        before = await _workers(broker.address)
+        # Every stream went to a worker, four to each.
+        targets = [c._links[broker.address].target for c in connections]
+        assert {t.rpartition(":")[2] for t in targets} == ports
+        assert sorted(w.streams for w in before) == [4, 4]
+        tasks = [asyncio.create_task(r.run()) for r in readers]
+        await _publish([broker.address], "feed", total)
+        await asyncio.wait_for(asyncio.gather(*tasks), 90)
+        after = await _workers(broker.address)
+        for r in readers:
+            await r.sub.close()
+    finally:
+        for c in connections:
+            await c.close()
+    for (name, want), r in zip(wanted.items(), readers, strict=True):
+        assert r.seqs() == {"feed": want}, name
+        assert r.sub.duplicates == 0
+        assert not r.sub.gaps
+    # What one wake-up of the core produced for a worker went out in one write: fewer writes than frames.
+    frames = sum(a.link_frames - b.link_frames for a, b in zip(after, before, strict=True))
+    writes = sum(a.link_writes - b.link_writes for a, b in zip(after, before, strict=True))
+    assert frames > 0
+    assert writes * 3 <= frames * 2, (frames, writes)
+
+
+async def test_a_killed_worker_s_streams_end_its_clients_reopen_and_it_is_started_again(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    broker = broker_factory(delivery_workers="2")
+    broker.start()
+    # A raw stream through worker 0 that nobody reopens: its lanes are detached when the worker dies.
+    first = await _workers(broker.address)
+    by_port = {w.address.rpartition(":")[2]: w for w in first}
+    raw_at = await _moved_to(broker.address)
+    victim = by_port[raw_at.rpartition(":")[2]]
+    total = 4000
+    async with aio.insecure_channel(raw_at) as channel:
+        reader = ManyReader(start_many(channel))
+        await reader.send(many_open(1, "raw-1", TOPIC, 100), many_open(2, "raw-2", TOPIC, 100))
+        await reader.until(lambda: all("subscribed" in reader.kinds(lane) for lane in (1, 2)))
+        # SDK subscribers: two connections, one on each worker (the raw stream counts for the victim).
+        connections = [SubscriberConnection() for _ in range(2)]
+        readers = [
+            Reader(Subscriber(broker.address, f"sdk-{i}", TOPIC, durable=True, connection=c), total)
+            for i, c in enumerate(connections)
+        ]
+        try:
+            for r in readers:
+                await r.sub.start()
+            await asyncio.wait_for(asyncio.gather(*(r.sub.connected.wait() for r in readers)), 60)
+            assert (await stats(broker.address)).subscriber_streams == 4
+            tasks = [asyncio.create_task(r.run()) for r in readers]
+            publishing = asyncio.create_task(_publish([broker.address], "feed", total, pace=0.01))
+
+            async def going() -> bool:
+                return all(len(r.got) > 500 for r in readers)
+
+            await until(going, "the subscribers to get going")
+            os.kill(victim.pid, 9)
+
+            async def restarted() -> bool:
+                w = (await _workers(broker.address))[victim.index]
+                return w.ready and w.restarts == 1 and w.pid not in (0, victim.pid)
+
+            await until(restarted, "the broker to start the killed worker again")
+            await publishing
+            await asyncio.wait_for(asyncio.gather(*tasks), 120)
+            for r in readers:
+                await r.sub.close()
+        finally:
+            for c in connections:
+                await c.close()
+        with pytest.raises(aio.AioRpcError) as broken:
+            await reader.until(lambda: False)
+        assert broken.value.code().name == "UNAVAILABLE"
+
+    async def detached() -> bool:
+        return (await stats(broker.address)).subscriber_streams == 0
+
+    # The raw lanes were detached once the worker's link closed (nobody reopened them).
+    await until(detached, "the killed worker's lanes to be detached")
+    for r in readers:
+        assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
+        assert r.sub.duplicates == 0
+        assert not r.sub.gaps
+
+
+async def test_a_killed_broker_leaves_no_worker(broker_factory: Callable[..., BrokerProcess]) -> None:
+    broker = broker_factory(delivery_workers="2")
+    broker.start()
+    pids = [w.pid for w in await _workers(broker.address)]
+    assert all(pids)
+    assert len(set(pids)) == 2
+    link = _link_of(pids[0])
+    assert _exists(link)
+    broker.kill9()
+
+    async def gone() -> bool:
+        return all(_gone(pid) for pid in pids)
+
+    await until(gone, "the workers of a killed broker to exit")
+    # The dead broker could not remove its link's private folder: its workers did.
+    assert not _exists(link.parent)
+
+
+async def test_switchover_with_workers_moves_one_shared_subscriber_and_loses_or_doubles_nothing(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory(delivery_workers="1")
+    total = 4000
+    async with SubscriberConnection() as connection:
+        moved = Reader(Subscriber(pair.addresses, "moved", TOPIC, durable=True, connection=connection), total)
+        stays = Reader(Subscriber(pair.addresses, "stays", TOPIC, durable=True, connection=connection), total)
+        for r in (moved, stays):
+            await r.sub.start()
+        await asyncio.wait_for(asyncio.gather(moved.sub.connected.wait(), stays.sub.connected.wait()), 30)
+        tasks = [asyncio.create_task(r.run()) for r in (moved, stays)]
+        publishing = asyncio.create_task(_publish(pair.addresses, "feed", total, pace=0.01))
+
+        async def going() -> bool:
+            return len(moved.got) > 800
+
+        await until(going, "the subscribers to get going")
+        await switch(pair.active, pair.standby, "broker-b", "moved")
+
+        async def on_b() -> bool:
+            return moved.sub.broker_id == "broker-b" and len(moved.got) > 1800
+
+        await until(on_b, "the moved subscriber to receive on the standby")
+        # Each broker's stream is at that broker's worker.
+        workers = {b.address: (await _workers(b.address))[0].address for b in pair.brokers}
+        assert {a: link.target for a, link in connection._links.items()} == workers
+        await switch(pair.standby, pair.active, "broker-a", "moved")
+        await publishing
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        for r in (moved, stays):
+            await r.sub.close()
+    for r in (moved, stays):
+        assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
+        assert not r.sub.gaps
+        assert r.sub.duplicates == 0
+    assert moved.brokers == ["broker-a", "broker-b", "broker-a"]
+    assert stays.brokers == ["broker-a"]
+
+
+async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_principal_s_streams(
+    broker_factory: Callable[..., BrokerProcess], auth_file: AuthFile
+) -> None:
+    broker = broker_factory(delivery_workers="1", max_streams_per_client="2")
+    broker.env.update(auth_file.env("svc"))
+    broker.start()
+    app = auth_file.metadata("app")
+    worker = await _moved_to(broker.address, app)
+    assert worker == (await _workers_as(broker.address, auth_file.metadata("admin")))[0].address
+
+    async def refused(metadata: tuple[tuple[str, str], ...], *frames: broker_pb2.SubscriptionRequest) -> str:
+        async with aio.insecure_channel(worker) as channel:
+            reader = ManyReader(_many(channel, metadata))
+            await reader.send(*frames)
+            with pytest.raises(aio.AioRpcError) as error:
+                await asyncio.wait_for(reader.until(lambda: False), 30)  # a hang guard, not a measure
+            return error.value.code().name
+
+    assert await refused((), many_open(1, "app-1", "t.x", 10)) == "UNAUTHENTICATED"
+    assert await refused(app, many_open(1, "other-1", "t.x", 10)) == "PERMISSION_DENIED"  # not app's id
+    assert await refused(app, many_open(1, "app-1", "u.x", 10)) == "PERMISSION_DENIED"  # no grant on u.*
+    async with aio.insecure_channel(worker) as channel:
+        reader = ManyReader(_many(channel, app))
+        # The stream and one subscription are the principal's two streams: a second subscription is over.
+        await reader.send(many_open(1, "app-1", "t.x", 10), many_open(2, "app-2", "t.x", 10))
+        await reader.until(lambda: bool(reader.kinds(1)) and bool(reader.kinds(2)))
+        assert reader.kinds(1) == ["subscribed"]
+        assert reader.events[2][0].ended.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        # The core counts the principal, not the connection: another connection's stream is over too.
+        assert await refused(app, many_open(1, "app-3", "t.x", 10)) == "RESOURCE_EXHAUSTED"
+        reader.call.cancel()
+
+
+async def _workers_as(address: str, metadata: tuple[tuple[str, str], ...]) -> list[broker_pb2.DeliveryWorkerStats]:
+    async with aio.insecure_channel(address) as channel:
+        reply = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+            broker_pb2.GetStatsRequest(), metadata=metadata, timeout=10
+        )
+    return list(reply.delivery_workers)
+
+
+async def test_kill9_of_the_active_core_with_workers_fails_over_with_nothing_lost(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await pair_factory(delivery_workers="1")
+    old_worker = (await _workers(pair.active.address))[0].pid
+    total = 4000
+    async with SubscriberConnection() as connection:
+        readers = [
+            Reader(Subscriber(pair.addresses, f"desk-{i}", TOPIC, durable=True, connection=connection), total)
+            for i in range(2)
+        ]
+        for r in readers:
+            await r.sub.start()
+        await asyncio.wait_for(asyncio.gather(*(r.sub.connected.wait() for r in readers)), 30)
+        tasks = [asyncio.create_task(r.run()) for r in readers]
+        publishing = asyncio.create_task(_publish(pair.addresses, "feed", total, pace=0.01))
+
+        async def going() -> bool:
+            return all(len(r.got) > 800 for r in readers)
+
+        await until(going, "delivery to get going")
+        pair.active.kill9()
+        await publishing
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        # The survivor's stream is at the survivor's worker.
+        survivor = (await _workers(pair.standby.address))[0].address
+        assert connection._links[pair.standby.address].target == survivor
+        for r in readers:
+            await r.sub.close()
+    for r in readers:
+        assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
+        assert r.sub.duplicates == 0
+        assert not r.sub.gaps
+        assert r.brokers == ["broker-a", "broker-b"]
+
+    async def gone() -> bool:
+        return _gone(old_worker)
+
+    await until(gone, "the dead active's worker to exit")
