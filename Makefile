@@ -62,8 +62,8 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench soak $(if $(QUICK),--quick) --json bench/results/soak$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench fanout $(if $(QUICK),--quick) --json bench/results/fanout$(if $(QUICK),-quick).json --plots bench/results/plots$(if $(QUICK),-quick)
 
-chaos: setup ## Fault schedules against the broker pair, checked; report to bench/results/ (SEEDS=3 MINUTES=1)
-	$(RUN) sokutatsu chaos --seeds $(or $(SEEDS),3) --minutes $(or $(MINUTES),1)
+chaos: setup ## Fault schedules against the broker pair, checked; report to bench/results/ (SEEDS=3 MINUTES=1 DELIVERY_WORKERS=0)
+	$(RUN) sokutatsu chaos --seeds $(or $(SEEDS),3) --minutes $(or $(MINUTES),1) --delivery-workers $(or $(DELIVERY_WORKERS),0)
 
 compose-check: setup ## Build the images and run docker-compose.yml for real with podman and stand-in base images, checked (root; docs/docker.md)
 	@scripts/compose_check.sh

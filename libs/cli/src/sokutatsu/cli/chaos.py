@@ -102,6 +102,16 @@ def chaos(  # noqa: PLR0917 - typer commands take one parameter per option
     longest: Annotated[
         float, typer.Option("--longest", min=1.0, help="--sequencers: longest outage or pause, in seconds.")
     ] = 30.0,
+    delivery_workers: Annotated[
+        int,
+        typer.Option(
+            "--delivery-workers",
+            min=0,
+            max=8,
+            help="Delivery workers per broker (SOKUTATSU_BROKER_DELIVERY_WORKERS): the SubscribeMany lanes "
+            "(prefix-a, keys-b and their companions) are then relayed by them through every fault.",
+        ),
+    ] = 0,
 ) -> None:
     """Run fault schedules (kill -9, pauses, link cuts, floods, migrations) against real processes and
     check the pair's promise: nothing acknowledged lost or doubled, per-publisher order, one active.
@@ -111,10 +121,11 @@ def chaos(  # noqa: PLR0917 - typer commands take one parameter per option
     chosen = list(seed) if seed else random_seeds(seeds, first_seed)
     if sequencers:
         _sequencer_chaos(stamp, chosen, faults, longest, rate, out, work)
-    cfg = ChaosConfig(seconds=minutes * 60.0, rate=rate)
+    cfg = ChaosConfig(seconds=minutes * 60.0, rate=rate, delivery_workers=delivery_workers)
     folder = (work or Path(".sokutatsu") / "chaos" / stamp).resolve()
     console.print(
-        f"sokutatsu chaos: seeds {chosen}, {cfg.seconds:g} s of faults each, {cfg.rate:g} msgs/s per publisher; "
+        f"sokutatsu chaos: seeds {chosen}, {cfg.seconds:g} s of faults each, {cfg.rate:g} msgs/s per publisher, "
+        f"{delivery_workers} delivery worker(s) per broker; "
         f"logs under {folder}"
     )
     if not peer_link_supported():

@@ -91,6 +91,7 @@ class ChaosConfig:
     settle_seconds: float = 60.0  # bound on the wait for a healthy, caught-up pair before a broker fault
     drain_seconds: float = 60.0  # bound on the wait for publishers' acks and subscribers' deliveries
     flood_streams: int = 1500
+    delivery_workers: int = 0  # SOKUTATSU_BROKER_DELIVERY_WORKERS of both brokers
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -109,8 +110,9 @@ def _role_name(role: int) -> str:
 class Cluster:
     """broker-a, broker-b and the monitor (each a process of the launcher's Suite) and the link proxies."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, delivery_workers: int = 0) -> None:
         self.folder = folder
+        self.delivery_workers = delivery_workers
         self.ports = {name: free_port() for name in (*BROKERS, "monitor")}
         while len(set(self.ports.values())) < 3:
             self.ports["monitor"] = free_port()
@@ -136,6 +138,7 @@ class Cluster:
             env = dict(base[name].env)
             env["SOKUTATSU_BROKER_PEER"] = self.address[other[name]]
             env.update(BROKER_SETTINGS)
+            env["SOKUTATSU_BROKER_DELIVERY_WORKERS"] = str(self.delivery_workers)
             if self.link_via_proxy:
                 env["SOKUTATSU_BROKER_PEER_LINK"] = self.to[other[name]].address
             self.specs[name] = replace(base[name], fixed_port=self.ports[name], env=env, links={})
@@ -618,7 +621,7 @@ async def run_schedule(seed: int, cfg: ChaosConfig, folder: Path, progress: Call
     """Run one schedule in ``folder``; the schedule's entry for the report."""
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
     steps = sched.draw(seed, cfg.seconds)
-    cluster = Cluster(folder)
+    cluster = Cluster(folder, cfg.delivery_workers)
     run = ScheduleRun(seed, folder, cfg, cluster, progress)
     pollers: list[asyncio.Task[None]] = []
     error = ""
