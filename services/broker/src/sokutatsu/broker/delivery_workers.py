@@ -29,23 +29,32 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.delivery_link import CANCEL, DATA, END, HALF_CLOSE, HELLO, OPEN, Link, encode
-from sokutatsu.broker.limits import Client
+from sokutatsu.broker.limits import Client, Limits
 from sokutatsu.broker.subscribe_many import ManyStream
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import InvalidArgument, SokutatsuError, StartupError
 
-if TYPE_CHECKING:
-    from sokutatsu.broker.service import DataPlane
-
 log = logging.getLogger(__name__)
+
+
+class Plane(Protocol):
+    """What a relayed stream needs of the broker's data plane (``service.DataPlane``, which holds the
+    ``Workers``: this narrow interface keeps the two modules out of an import cycle)."""
+
+    broker: Broker
+    limits: Limits
+
+    def hold(self, client: Client | None, subscription: broker_pb2.Subscription, method: str) -> Callable[[], None]: ...
+
 
 WORKER_MODULE = "sokutatsu.broker.delivery_worker"
 # How long the broker waits at start for every worker to serve.
@@ -175,7 +184,7 @@ async def _frames(requests: asyncio.Queue[bytes | None]) -> AsyncIterator[broker
 class Workers:
     """Starts ``count`` delivery workers, keeps them running, and moves SubscribeMany streams to them."""
 
-    def __init__(self, plane: DataPlane, count: int, listen: str, host: str) -> None:
+    def __init__(self, plane: Plane, count: int, listen: str, host: str) -> None:
         self.plane = plane
         self.count = count
         self.listen = listen  # the first worker's host:port (port 0: any)
