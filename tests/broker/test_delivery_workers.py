@@ -26,7 +26,7 @@ from tests.broker.raw import (
     publish,
     start_many,
 )
-from tests.broker.test_pair import TOPIC, switch
+from tests.broker.test_pair import TOPIC
 from tests.client.test_subscriber_connection import Reader, _key, _publish
 from tests.security.fix_auth import AuthFile, auth_file
 
@@ -240,46 +240,6 @@ async def test_a_killed_broker_leaves_no_worker(broker_factory: Callable[..., Br
     assert not _exists(link.parent)
 
 
-async def test_switchover_with_workers_moves_one_shared_subscriber_and_loses_or_doubles_nothing(
-    pair_factory: Callable[..., Awaitable[Pair]],
-) -> None:
-    pair = await pair_factory(delivery_workers="1")
-    total = 4000
-    async with SubscriberConnection() as connection:
-        moved = Reader(Subscriber(pair.addresses, "moved", TOPIC, durable=True, connection=connection), total)
-        stays = Reader(Subscriber(pair.addresses, "stays", TOPIC, durable=True, connection=connection), total)
-        for r in (moved, stays):
-            await r.sub.start()
-        await asyncio.wait_for(asyncio.gather(moved.sub.connected.wait(), stays.sub.connected.wait()), 30)
-        tasks = [asyncio.create_task(r.run()) for r in (moved, stays)]
-        publishing = asyncio.create_task(_publish(pair.addresses, "feed", total, pace=0.01))
-
-        async def going() -> bool:
-            return len(moved.got) > 800
-
-        await until(going, "the subscribers to get going")
-        await switch(pair.active, pair.standby, "broker-b", "moved")
-
-        async def on_b() -> bool:
-            return moved.sub.broker_id == "broker-b" and len(moved.got) > 1800
-
-        await until(on_b, "the moved subscriber to receive on the standby")
-        # Each broker's stream is at that broker's worker.
-        workers = {b.address: (await _workers(b.address))[0].address for b in pair.brokers}
-        assert {a: link.target for a, link in connection._links.items()} == workers
-        await switch(pair.standby, pair.active, "broker-a", "moved")
-        await publishing
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
-        for r in (moved, stays):
-            await r.sub.close()
-    for r in (moved, stays):
-        assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
-        assert not r.sub.gaps
-        assert r.sub.duplicates == 0
-    assert moved.brokers == ["broker-a", "broker-b", "broker-a"]
-    assert stays.brokers == ["broker-a"]
-
-
 async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_principal_s_streams(
     broker_factory: Callable[..., BrokerProcess], auth_file: AuthFile
 ) -> None:
@@ -293,9 +253,14 @@ async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_princip
     async def refused(metadata: tuple[tuple[str, str], ...], *frames: broker_pb2.SubscriptionRequest) -> str:
         async with aio.insecure_channel(worker) as channel:
             reader = ManyReader(_many(channel, metadata))
-            await reader.send(*frames)
-            with pytest.raises(aio.AioRpcError) as error:
+
+            async def refusal() -> None:
+                # The write itself may fail: a call without credentials can be refused before it.
+                await reader.send(*frames)
                 await asyncio.wait_for(reader.until(lambda: False), 30)  # a hang guard, not a measure
+
+            with pytest.raises(aio.AioRpcError) as error:
+                await refusal()
             return error.value.code().name
 
     assert await refused((), many_open(1, "app-1", "t.x", 10)) == "UNAUTHENTICATED"

@@ -114,10 +114,13 @@ async def test_a_subscriber_of_a_closed_connection_raises_closed(broker: BrokerP
             await asyncio.wait_for(anext(sub), 30)
 
 
+@pytest.mark.parametrize("delivery_workers", ["0", "1"])
 async def test_switchover_moves_one_shared_subscriber_and_loses_or_doubles_nothing(
-    pair_factory: Callable[..., Awaitable[Pair]],
+    pair_factory: Callable[..., Awaitable[Pair]], delivery_workers: str
 ) -> None:
-    pair = await pair_factory()
+    """With a delivery worker per broker too (docs/broker.md, Delivery workers): each broker's
+    stream then sits at that broker's worker, and the switchover is the same to the client."""
+    pair = await pair_factory(delivery_workers=delivery_workers)
     total = 6000
     async with SubscriberConnection() as connection:
         moved = Reader(Subscriber(pair.addresses, "moved", TOPIC, durable=True, connection=connection), total)
@@ -140,6 +143,9 @@ async def test_switchover_moves_one_shared_subscriber_and_loses_or_doubles_nothi
         await until(on_b, "the moved subscriber to receive on the standby")
         # One stream per broker now; the other subscriber stayed on the active's.
         assert connection.streams == 2
+        if delivery_workers != "0":
+            workers = {b.address: (await _workers(b.address))[0].address for b in pair.brokers}
+            assert {a: link.target for a, link in connection._links.items()} == workers
         assert stays.sub.broker_id == "broker-a"
         await switch(pair.standby, pair.active, "broker-a", "moved")
         await publishing
@@ -149,8 +155,13 @@ async def test_switchover_moves_one_shared_subscriber_and_loses_or_doubles_nothi
     for r in (moved, stays):
         assert r.seqs() == {"feed": list(range(1, total + 1))}, r.sub.subscriber_id
         assert not r.sub.gaps
+        assert r.sub.duplicates == 0
     assert moved.brokers == ["broker-a", "broker-b", "broker-a"]
     assert stays.brokers == ["broker-a"]
+
+
+async def _workers(address: str) -> list[broker_pb2.DeliveryWorkerStats]:
+    return list((await stats(address)).delivery_workers)
 
 
 class ManyOpens:
