@@ -48,6 +48,8 @@ from sokutatsu.core.tls import check_plaintext, server_tls
 log = logging.getLogger(__name__)
 
 SERVICE = "sokutatsu.broker.v1.Broker"
+# How long a stream the worker ends waits for the broker's END (a bound: a broker that is busy or gone).
+CANCEL_ANSWER_SECONDS = 2.0
 
 
 class Frames:
@@ -85,6 +87,13 @@ class ClientStream:
         self.out: list[bytes] = []
         self.end: SokutatsuError | None = None
         self.wake = asyncio.Event()
+
+
+async def _ended(one: ClientStream) -> None:
+    """Until the broker has ended the stream (``END``) or the link is gone."""
+    while one.end is None:
+        one.wake.clear()
+        await one.wake.wait()
 
 
 class WorkerLink(Link):
@@ -166,10 +175,15 @@ class Relay:
                 if failure:
                     raise failure[0]
         finally:
-            del link.streams[stream]
-            if not ended:
-                link.send(CANCEL, stream)
             reader.cancel()
+            if not ended and not link.closed:
+                link.send(CANCEL, stream)
+                # The broker releases what the stream counted for the client's limits, then ends it
+                # (END): the client's stream ends only after that, as one the broker serves itself
+                # (a client that opens another at once is not refused for this one).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_ended(one), CANCEL_ANSWER_SECONDS)
+            del link.streams[stream]
             await asyncio.gather(reader, return_exceptions=True)
 
     def _take(self, one: ClientStream) -> bytes:

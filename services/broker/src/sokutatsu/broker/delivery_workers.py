@@ -70,14 +70,17 @@ NOT_INHERITED = ("SOKUTATSU_ANNOUNCE_FILE", "SOKUTATSU_TRACE_DIR", "OTEL_EXPORTE
 
 
 class Relayed:
-    """One SubscribeMany stream a worker relays: the client's request frames, and the task running
-    its ManyStream."""
+    """One SubscribeMany stream a worker relays: the client's request frames, the task running its
+    ManyStream, and the status it ends with (sent as ``END`` once the task is done)."""
 
-    __slots__ = ("requests", "task")
+    __slots__ = ("code", "message", "requests", "task")
 
     def __init__(self) -> None:
         self.requests: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        # Until the stream ends otherwise: the worker cancelled it (its client's stream ended there).
+        self.code = grpc.StatusCode.CANCELLED
+        self.message = "the stream was cancelled"
 
 
 class CoreLink(Link):
@@ -133,40 +136,45 @@ class CoreLink(Link):
         relayed = Relayed()
         self.streams[stream] = relayed
         relayed.task = asyncio.create_task(self._serve(stream, client, relayed), name=f"delivery-relay-{stream}")
+        relayed.task.add_done_callback(lambda _: self._finished(stream, relayed))
 
     async def _serve(self, stream: int, client: Client | None, relayed: Relayed) -> None:
+        """The stream's ManyStream, counted for ``client``'s limits while it runs; its end in ``relayed``."""
         plane = self.workers.plane
         try:
-            try:
-                plane.limits.open_stream(client, "SubscribeMany")
-            except SokutatsuError as exc:
-                self._end(stream, exc.code, str(exc))
-                return
-            try:
-                code, message = grpc.StatusCode.OK, ""
-                many = ManyStream(
-                    plane.broker,
-                    lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
-                    plane.broker.settings.batch_bytes,
-                )
-                async with contextlib.aclosing(many.run(_frames(relayed.requests))) as responses:
-                    async for response in responses:
-                        self.send(DATA, stream, response)
-                        if self.paused:
-                            await self.drained()
-            except SokutatsuError as exc:
-                code, message = exc.code, str(exc)
-            except Exception:
-                log.exception("a relayed SubscribeMany stream failed")
-                code, message = grpc.StatusCode.INTERNAL, "internal error in SubscribeMany; the broker log has it"
-            finally:
-                plane.limits.close_stream(client)
-            self._end(stream, code, message)
+            plane.limits.open_stream(client, "SubscribeMany")
+        except SokutatsuError as exc:
+            relayed.code, relayed.message = exc.code, str(exc)
+            return
+        try:
+            many = ManyStream(
+                plane.broker,
+                lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
+                plane.broker.settings.batch_bytes,
+            )
+            async with contextlib.aclosing(many.run(_frames(relayed.requests))) as responses:
+                async for response in responses:
+                    self.send(DATA, stream, response)
+                    if self.paused:
+                        await self.drained()
+            relayed.code, relayed.message = grpc.StatusCode.OK, ""
+        except SokutatsuError as exc:
+            relayed.code, relayed.message = exc.code, str(exc)
+        except Exception:
+            log.exception("a relayed SubscribeMany stream failed")
+            relayed.code = grpc.StatusCode.INTERNAL
+            relayed.message = "internal error in SubscribeMany; the broker log has it"
         finally:
-            self.streams.pop(stream, None)
+            plane.limits.close_stream(client)
 
-    def _end(self, stream: int, code: grpc.StatusCode, message: str) -> None:
-        self.send(END, stream, encode({"code": code.value[0], "message": message}))
+    def _finished(self, stream: int, relayed: Relayed) -> None:
+        """After the stream's task, whether it ran or was cancelled before it started: what it counted
+        for the client's limits is released by now, and only then is the worker told to end the
+        client's stream (``END``), so a client that opens another one at once is never refused for
+        the one that ended, as with a stream the broker serves itself (and the worker waits for this
+        ``END`` after a ``CANCEL`` of its own)."""
+        self.streams.pop(stream, None)
+        self.send(END, stream, encode({"code": relayed.code.value[0], "message": relayed.message}))
 
 
 async def _frames(requests: asyncio.Queue[bytes | None]) -> AsyncIterator[broker_pb2.SubscribeManyRequest]:
