@@ -4,7 +4,9 @@ served by worker processes and relayed to it, with real broker, worker and clien
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from sokutatsu.broker.delivery_link import CANCEL, HEADER, HELLO, OPEN
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Subscriber, SubscriberConnection
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
@@ -360,3 +363,44 @@ async def test_kill9_of_the_active_core_with_workers_fails_over_with_nothing_los
         return _gone(old_worker)
 
     await until(gone, "the dead active's worker to exit")
+
+
+def _link_frame(kind: int, stream: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), stream, kind) + payload
+
+
+async def test_a_cancel_that_comes_with_its_open_leaves_no_stream_on_the_link(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The core reads a link's frames in whatever pieces they arrive: a client that opens and cancels at
+    once may have its OPEN and CANCEL read together, the CANCEL cancelling the relay's task before it
+    ran. That stream must not stay counted on the link (it did: the task's own clean-up never ran)."""
+    broker = broker_factory(delivery_workers="1")
+    broker.start()
+    (worker,) = await _workers(broker.address)
+    link = _link_of(worker.pid)
+    # This test stands in for the worker on its link, frame by frame; the worker, paused, cannot notice
+    # that it lost its link (nor be started again) until the test is done.
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        _, writer = await asyncio.open_unix_connection(str(link))
+        hello = {"index": 0, "pid": os.getpid(), "address": "127.0.0.1:1"}
+        writer.write(
+            _link_frame(HELLO, 0, json.dumps(hello).encode())
+            + _link_frame(OPEN, 1, b"null")
+            + _link_frame(CANCEL, 1)  # in the same read as its OPEN
+        )
+        await writer.drain()
+
+        async def ours() -> bool:
+            return (await _workers(broker.address))[0].address == "127.0.0.1:1"
+
+        await until(ours, "the core to take the test's link for worker 0")
+
+        async def forgotten() -> bool:
+            return (await _workers(broker.address))[0].streams == 0
+
+        await until(forgotten, "the core to forget the cancelled stream", limit=10)
+        writer.close()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)

@@ -133,37 +133,41 @@ class CoreLink(Link):
         relayed = Relayed()
         self.streams[stream] = relayed
         relayed.task = asyncio.create_task(self._serve(stream, client, relayed), name=f"delivery-relay-{stream}")
+        # The stream leaves the link when its task is done, however it ends: a CANCEL read together with its
+        # OPEN cancels the task before it ran, when no clean-up of its own runs.
+        relayed.task.add_done_callback(lambda _: self._forget(stream, relayed))
+
+    def _forget(self, stream: int, relayed: Relayed) -> None:
+        if self.streams.get(stream) is relayed:
+            del self.streams[stream]
 
     async def _serve(self, stream: int, client: Client | None, relayed: Relayed) -> None:
         plane = self.workers.plane
         try:
-            try:
-                plane.limits.open_stream(client, "SubscribeMany")
-            except SokutatsuError as exc:
-                self._end(stream, exc.code, str(exc))
-                return
-            try:
-                code, message = grpc.StatusCode.OK, ""
-                many = ManyStream(
-                    plane.broker,
-                    lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
-                    plane.broker.settings.batch_bytes,
-                )
-                async with contextlib.aclosing(many.run(_frames(relayed.requests))) as responses:
-                    async for response in responses:
-                        self.send(DATA, stream, response)
-                        if self.paused:
-                            await self.drained()
-            except SokutatsuError as exc:
-                code, message = exc.code, str(exc)
-            except Exception:
-                log.exception("a relayed SubscribeMany stream failed")
-                code, message = grpc.StatusCode.INTERNAL, "internal error in SubscribeMany; the broker log has it"
-            finally:
-                plane.limits.close_stream(client)
-            self._end(stream, code, message)
+            plane.limits.open_stream(client, "SubscribeMany")
+        except SokutatsuError as exc:
+            self._end(stream, exc.code, str(exc))
+            return
+        try:
+            code, message = grpc.StatusCode.OK, ""
+            many = ManyStream(
+                plane.broker,
+                lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
+                plane.broker.settings.batch_bytes,
+            )
+            async with contextlib.aclosing(many.run(_frames(relayed.requests))) as responses:
+                async for response in responses:
+                    self.send(DATA, stream, response)
+                    if self.paused:
+                        await self.drained()
+        except SokutatsuError as exc:
+            code, message = exc.code, str(exc)
+        except Exception:
+            log.exception("a relayed SubscribeMany stream failed")
+            code, message = grpc.StatusCode.INTERNAL, "internal error in SubscribeMany; the broker log has it"
         finally:
-            self.streams.pop(stream, None)
+            plane.limits.close_stream(client)
+        self._end(stream, code, message)
 
     def _end(self, stream: int, code: grpc.StatusCode, message: str) -> None:
         self.send(END, stream, encode({"code": code.value[0], "message": message}))
