@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -404,3 +404,69 @@ async def test_a_cancel_that_comes_with_its_open_leaves_no_stream_on_the_link(
         writer.close()
     finally:
         os.kill(worker.pid, signal.SIGCONT)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+# A client that never reads, sending opens the broker refuses (each one a SubscriptionEnded of about 250
+# bytes for a 22-byte frame): REFUSALS of them hold about 100 MiB of answers unless the broker stops
+# reading the client's frames while it holds what it has not written yet.
+REFUSED_PER_REQUEST = 50_000
+REQUESTS = 8
+GROWTH_BOUND = 48 * 2**20
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+async def test_a_client_that_never_reads_cannot_make_the_broker_hold_its_answers_without_bound(
+    broker_factory: Callable[..., BrokerProcess], workers: str
+) -> None:
+    # The stream itself is the client's one stream: every subscription it opens is refused.
+    broker = broker_factory(delivery_workers=workers, max_streams_per_client="1")
+    broker.start()
+    assert broker.process is not None
+    pids = [broker.process.pid, *(w.pid for w in await _workers(broker.address))]
+    target = (await _workers(broker.address))[0].address if workers != "0" else broker.address
+    request = broker_pb2.SubscribeManyRequest(frames=[many_open(1, "never-reads", TOPIC, 10)] * REFUSED_PER_REQUEST)
+    before = [_rss(pid) for pid in pids]
+    async with aio.insecure_channel(target, options=[("grpc.max_send_message_length", 64 * 2**20)]) as channel:
+        call = start_many(channel)
+
+        async def write() -> None:
+            for _ in range(REQUESTS):
+                await call.write(request)
+
+        writer = asyncio.create_task(write())
+        seen: list[int] = []
+
+        async def answered_or_held_back() -> bool:
+            """The broker has answered every frame, or it has stopped taking them (the same count of
+            refusals on many polls in a row)."""
+            seen.append((await stats(broker.address)).client_limits.stream_refusals)
+            return seen[-1] == REQUESTS * REFUSED_PER_REQUEST or (len(seen) > 25 and len(set(seen[-25:])) == 1)
+
+        await until(answered_or_held_back, "the client's frames to be answered or held back", limit=120)
+        grown = [_rss(pid) - b for pid, b in zip(pids, before, strict=True)]
+        assert all(g <= GROWTH_BOUND for g in grown), [f"{g / 2**20:.0f} MiB" for g in grown]
+
+        # Once the client reads, the broker takes the rest: every open is answered, in order, once.
+        ended = 0
+        responses: AsyncIterator[broker_pb2.SubscribeManyResponse] = call.__aiter__()
+        while ended < REQUESTS * REFUSED_PER_REQUEST:
+            response = await anext(responses)
+            for frame in response.frames:
+                assert frame.id == 1
+                assert frame.ended.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+                ended += 1
+        await writer
+        call.cancel()
+
+    async def released() -> bool:
+        s = await stats(broker.address)
+        return s.subscriber_streams == 0 and all(w.streams == 0 for w in s.delivery_workers)
+
+    await until(released, "the stream to be gone")
