@@ -470,3 +470,36 @@ async def test_a_client_that_never_reads_cannot_make_the_broker_hold_its_answers
         return s.subscriber_streams == 0 and all(w.streams == 0 for w in s.delivery_workers)
 
     await until(released, "the stream to be gone")
+
+
+async def test_a_stream_that_does_not_read_holds_up_no_other_stream_of_its_worker(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The stream that does not read fills its window on the link (4 MiB) and waits; the other stream on
+    the same worker gets everything meanwhile, and so does the first once it reads."""
+    broker = broker_factory(delivery_workers="1")
+    broker.start()
+    (worker,) = await _workers(broker.address)
+    total = 160  # 10 MiB of 64 KiB bodies: over the window, within the slow lane's credits
+    body = b"x" * 65536
+    async with aio.insecure_channel(worker.address) as channel, aio.insecure_channel(broker.address) as pub_channel:
+        slow, fast = ManyReader(start_many(channel)), ManyReader(start_many(channel))
+        await slow.send(many_open(1, "slow", TOPIC, 1000))
+        await fast.send(many_open(1, "fast", TOPIC, 1000))
+        await slow.until(lambda: "subscribed" in slow.kinds(1))  # then it reads nothing until the end
+        await fast.until(lambda: "subscribed" in fast.kinds(1))
+        pub, _ = await open_publish(pub_channel, "big")
+        for first in range(1, total + 1, 16):
+            await publish(pub, batch(TOPIC, [message("big", s, body=body) for s in range(first, first + 16)]))
+        await fast.until(lambda: len(fast.seqs.get(1, [])) == total)
+        assert fast.seqs[1] == list(range(1, total + 1))
+
+        async def slow_held_back() -> bool:
+            s = await subscriber_stats(broker.address, "slow")
+            return s.in_flight < total  # the core waits on the slow stream's window
+
+        await until(slow_held_back, "the slow stream to be held back")
+        await slow.until(lambda: len(slow.seqs.get(1, [])) == total)
+        assert slow.seqs[1] == list(range(1, total + 1))
+        for call in (slow.call, fast.call, pub):
+            call.cancel()
