@@ -4,14 +4,17 @@ served by worker processes and relayed to it, with real broker, worker and clien
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc import aio
 
+from sokutatsu.broker.delivery_link import CANCEL, HEADER, HELLO, OPEN
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Subscriber, SubscriberConnection
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
@@ -325,3 +328,143 @@ async def test_kill9_of_the_active_core_with_workers_fails_over_with_nothing_los
         return _gone(old_worker)
 
     await until(gone, "the dead active's worker to exit")
+
+
+def _link_frame(kind: int, stream: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), stream, kind) + payload
+
+
+async def test_a_cancel_that_comes_with_its_open_leaves_no_stream_on_the_link(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The core reads a link's frames in whatever pieces they arrive: a client that opens and cancels at
+    once may have its OPEN and CANCEL read together, the CANCEL cancelling the relay's task before it
+    ran. That stream must not stay counted on the link (it did: the task's own clean-up never ran)."""
+    broker = broker_factory(delivery_workers="1")
+    broker.start()
+    (worker,) = await _workers(broker.address)
+    link = _link_of(worker.pid)
+    # This test stands in for the worker on its link, frame by frame; the worker, paused, cannot notice
+    # that it lost its link (nor be started again) until the test is done.
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        _, writer = await asyncio.open_unix_connection(str(link))
+        hello = {"index": 0, "pid": os.getpid(), "address": "127.0.0.1:1"}
+        writer.write(
+            _link_frame(HELLO, 0, json.dumps(hello).encode())
+            + _link_frame(OPEN, 1, b"null")
+            + _link_frame(CANCEL, 1)  # in the same read as its OPEN
+        )
+        await writer.drain()
+
+        async def ours() -> bool:
+            return (await _workers(broker.address))[0].address == "127.0.0.1:1"
+
+        await until(ours, "the core to take the test's link for worker 0")
+
+        async def forgotten() -> bool:
+            return (await _workers(broker.address))[0].streams == 0
+
+        await until(forgotten, "the core to forget the cancelled stream", limit=10)
+        writer.close()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+# A client that never reads, sending opens the broker refuses (each one a SubscriptionEnded of about 250
+# bytes for a 22-byte frame): REFUSALS of them hold about 100 MiB of answers unless the broker stops
+# reading the client's frames while it holds what it has not written yet.
+REFUSED_PER_REQUEST = 50_000
+REQUESTS = 8
+GROWTH_BOUND = 48 * 2**20
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+async def test_a_client_that_never_reads_cannot_make_the_broker_hold_its_answers_without_bound(
+    broker_factory: Callable[..., BrokerProcess], workers: str
+) -> None:
+    # The stream itself is the client's one stream: every subscription it opens is refused.
+    broker = broker_factory(delivery_workers=workers, max_streams_per_client="1")
+    broker.start()
+    assert broker.process is not None
+    pids = [broker.process.pid, *(w.pid for w in await _workers(broker.address))]
+    target = (await _workers(broker.address))[0].address if workers != "0" else broker.address
+    request = broker_pb2.SubscribeManyRequest(frames=[many_open(1, "never-reads", TOPIC, 10)] * REFUSED_PER_REQUEST)
+    before = [_rss(pid) for pid in pids]
+    async with aio.insecure_channel(target, options=[("grpc.max_send_message_length", 64 * 2**20)]) as channel:
+        call = start_many(channel)
+
+        async def write() -> None:
+            for _ in range(REQUESTS):
+                await call.write(request)
+
+        writer = asyncio.create_task(write())
+        seen: list[int] = []
+
+        async def answered_or_held_back() -> bool:
+            """The broker has answered every frame, or it has stopped taking them (the same count of
+            refusals on many polls in a row)."""
+            seen.append((await stats(broker.address)).client_limits.stream_refusals)
+            return seen[-1] == REQUESTS * REFUSED_PER_REQUEST or (len(seen) > 25 and len(set(seen[-25:])) == 1)
+
+        await until(answered_or_held_back, "the client's frames to be answered or held back", limit=120)
+        grown = [_rss(pid) - b for pid, b in zip(pids, before, strict=True)]
+        assert all(g <= GROWTH_BOUND for g in grown), [f"{g / 2**20:.0f} MiB" for g in grown]
+
+        # Once the client reads, the broker takes the rest: every open is answered, in order, once.
+        ended = 0
+        responses: AsyncIterator[broker_pb2.SubscribeManyResponse] = call.__aiter__()
+        while ended < REQUESTS * REFUSED_PER_REQUEST:
+            response = await anext(responses)
+            for frame in response.frames:
+                assert frame.id == 1
+                assert frame.ended.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+                ended += 1
+        await writer
+        call.cancel()
+
+    async def released() -> bool:
+        s = await stats(broker.address)
+        return s.subscriber_streams == 0 and all(w.streams == 0 for w in s.delivery_workers)
+
+    await until(released, "the stream to be gone")
+
+
+async def test_a_stream_that_does_not_read_holds_up_no_other_stream_of_its_worker(
+    broker_factory: Callable[..., BrokerProcess],
+) -> None:
+    """The stream that does not read fills its window on the link (4 MiB) and waits; the other stream on
+    the same worker gets everything meanwhile, and so does the first once it reads."""
+    broker = broker_factory(delivery_workers="1")
+    broker.start()
+    (worker,) = await _workers(broker.address)
+    total = 160  # 10 MiB of 64 KiB bodies: over the window, within the slow lane's credits
+    body = b"x" * 65536
+    async with aio.insecure_channel(worker.address) as channel, aio.insecure_channel(broker.address) as pub_channel:
+        slow, fast = ManyReader(start_many(channel)), ManyReader(start_many(channel))
+        await slow.send(many_open(1, "slow", TOPIC, 1000))
+        await fast.send(many_open(1, "fast", TOPIC, 1000))
+        await slow.until(lambda: "subscribed" in slow.kinds(1))  # then it reads nothing until the end
+        await fast.until(lambda: "subscribed" in fast.kinds(1))
+        pub, _ = await open_publish(pub_channel, "big")
+        for first in range(1, total + 1, 16):
+            await publish(pub, batch(TOPIC, [message("big", s, body=body) for s in range(first, first + 16)]))
+        await fast.until(lambda: len(fast.seqs.get(1, [])) == total)
+        assert fast.seqs[1] == list(range(1, total + 1))
+
+        async def slow_held_back() -> bool:
+            s = await subscriber_stats(broker.address, "slow")
+            return s.in_flight < total  # the core waits on the slow stream's window
+
+        await until(slow_held_back, "the slow stream to be held back")
+        await slow.until(lambda: len(slow.seqs.get(1, [])) == total)
+        assert slow.seqs[1] == list(range(1, total + 1))
+        for call in (slow.call, fast.call, pub):
+            call.cancel()

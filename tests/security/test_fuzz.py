@@ -53,7 +53,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
-from sokutatsu.client import Publisher, Subscriber
+from sokutatsu.client import Publisher, Subscriber, SubscriberConnection
 from sokutatsu.core.auth_rules import is_control
 from sokutatsu.core.dsn import create_database, database_dsn
 from sokutatsu.core.embedded_pg import free_port
@@ -201,10 +201,13 @@ class Canary:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     checked: int = 0  # messages published by the last check
+    # The subscriber's on a SubscribeMany stream (which a broker with delivery workers moves to one).
+    many: bool = False
 
     async def start(self) -> None:
+        connection = await self.stack.enter_async_context(SubscriberConnection()) if self.many else None
         self.subscriber = await self.stack.enter_async_context(
-            Subscriber(self.address, "fuzz-canary-sub", CANARY_TOPIC)
+            Subscriber(self.address, "fuzz-canary-sub", CANARY_TOPIC, connection=connection)
         )
         await asyncio.wait_for(self.subscriber.connected.wait(), CHECK_SECONDS)
         publisher = await self.stack.enter_async_context(Publisher(self.address, "fuzz-canary-pub"))
@@ -356,6 +359,28 @@ class Targets:
     def _start_broker(self) -> Target:
         target = self._of_broker("broker", self._broker("broker"))
         canary = Canary(target.address)
+        self.loop.run(canary.start())
+        self.cleanups.append(lambda: self.loop.run(canary.close()))
+        target.canary = canary
+        return target
+
+    def _start_worker(self) -> Target:
+        """The delivery worker of a broker with one: the target is the worker's port; the canary
+        subscribes through it (SubscribeMany, moved there) and publishes to the broker."""
+        broker = self._broker("with-worker", delivery_workers="1")
+        (worker,) = self.loop.run(broker.stats()).delivery_workers
+        assert broker.process is not None
+        process = broker.process
+
+        def alive() -> bool:
+            # The broker is up and its worker is the one it started (not started again after a crash).
+            if process.poll() is not None:
+                return False
+            (now,) = self.loop.run(broker.stats()).delivery_workers
+            return now.ready and now.pid == worker.pid and now.restarts == 0
+
+        target = Target("delivery worker", worker.address, alive, broker.log, self.loop, pid=worker.pid)
+        canary = Canary(broker.address, many=True)
         self.loop.run(canary.start())
         self.cleanups.append(lambda: self.loop.run(canary.close()))
         target.canary = canary
@@ -625,10 +650,12 @@ def _fuzz(
     examples: int,
     *,
     secret: bool = True,
+    served_by: str = "",
 ) -> None:
     """``examples`` calls of ``frames``; each must end with a documented code. Without ``secret``
-    (a caller without the cluster secret) a control RPC must be refused ``UNAUTHENTICATED``, every time."""
-    served_by = SERVED_BY[method.containing_service.full_name]
+    (a caller without the cluster secret) a control RPC must be refused ``UNAUTHENTICATED``, every time.
+    ``served_by``: another target than the one ``SERVED_BY`` names."""
+    served_by = served_by or SERVED_BY[method.containing_service.full_name]
     target = targets.get(served_by)
     documented = DOCUMENTED | ALSO_DOCUMENTED.get(served_by, set())
     if not secret and is_control(path(method)):
@@ -668,6 +695,20 @@ def test_fuzzed_requests(targets: Targets, method: MethodDescriptor) -> None:
 @pytest.mark.parametrize("method", METHODS, ids=path)
 def test_malformed_frames(targets: Targets, method: MethodDescriptor) -> None:
     _fuzz(targets, method, _frames(method, malformed(method.input_type)), RAW_EXAMPLES)
+
+
+# What a delivery worker serves (docs/broker.md, Delivery workers): fuzzed on its own port too.
+WORKER_METHODS = [m for m in METHODS if path(m) == "/sokutatsu.broker.v1.Broker/SubscribeMany"]
+
+
+@pytest.mark.parametrize("method", WORKER_METHODS, ids=path)
+def test_fuzzed_requests_on_a_delivery_worker(targets: Targets, method: MethodDescriptor) -> None:
+    _fuzz(targets, method, _valid_frames(method), EXAMPLES, served_by="worker")
+
+
+@pytest.mark.parametrize("method", WORKER_METHODS, ids=path)
+def test_malformed_frames_on_a_delivery_worker(targets: Targets, method: MethodDescriptor) -> None:
+    _fuzz(targets, method, _frames(method, malformed(method.input_type)), RAW_EXAMPLES, served_by="worker")
 
 
 CONTROL_METHODS = [m for m in METHODS if is_control(path(m))]

@@ -5,9 +5,25 @@ A frame is a header (``HEADER``: payload length, stream id, kind) and its payloa
 sends: ``HELLO`` (stream 0: its index, pid and port, JSON) once it serves; ``OPEN`` (the client
 the broker's limits count the stream for, JSON) when a client opens a SubscribeMany stream on it;
 ``DATA`` (the bytes of one ``SubscribeManyRequest``, as the client sent them); ``HALF_CLOSE``
-(the client is done writing); ``CANCEL`` (the client's stream is gone). What the core sends:
-``DATA`` (the bytes of ``SubscribeManyResponse`` frames, written to the client as they are) and
-``END`` (the stream's status, JSON: the worker ends the client's stream with it).
+(the client is done writing); ``CANCEL`` (the client's stream is gone); ``WRITTEN`` (``COUNT``: how
+many of the stream's bytes it has written to the client since its last ``WRITTEN``). What the core
+sends: ``DATA`` (the bytes of ``SubscribeManyResponse`` frames, written to the client as they are),
+``END`` (the stream's status, JSON: the worker ends the client's stream with it) and ``TAKEN``
+(``COUNT``: how many of the stream's request bytes its ManyStream has taken since the last ``TAKEN``).
+
+Flow control per stream, in both directions, as gRPC's own holds a stream the core serves itself:
+
+* the core has at most ``WINDOW`` bytes of a stream sent and not reported ``WRITTEN`` (one more
+  frame past it, then it waits), as a gRPC write waits for a client that does not read; the worker
+  reports every ``REPORT_EVERY`` bytes, and relays none of the client's frames while it holds
+  ``HOLD`` bytes or more for the stream;
+* the worker has at most ``WINDOW`` bytes of a stream's requests relayed and not reported
+  ``TAKEN`` (one more frame past it, then it reads no more of the client's frames), as gRPC reads a
+  frame only when the handler asks for it; the core reports every ``REPORT_EVERY`` bytes.
+
+So a client that sends and never reads is held back by gRPC flow control, and neither its frames nor
+the answers to them pile up in the core or the worker. One stream's wait is its own: the others on
+the link go on.
 
 Writes are coalesced: everything :meth:`Link.send` is given during one iteration of the event loop
 goes out in one ``write`` at the start of the next (one ``call_soon``). On the core, that is every
@@ -36,6 +52,15 @@ DATA = 3
 HALF_CLOSE = 4
 CANCEL = 5
 END = 6
+WRITTEN = 7
+TAKEN = 8
+
+COUNT = struct.Struct("!Q")
+WINDOW = 4 * 2**20
+REPORT_EVERY = WINDOW // 4
+# Below WINDOW less what may be written and not yet reported: a core that waits has the worker hold
+# back the client's frames.
+HOLD = WINDOW // 2
 
 
 def encode(value: Any) -> bytes:

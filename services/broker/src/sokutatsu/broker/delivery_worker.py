@@ -33,7 +33,22 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from sokutatsu.broker.delivery_link import CANCEL, DATA, END, HALF_CLOSE, HELLO, OPEN, Link, encode
+from sokutatsu.broker.delivery_link import (
+    CANCEL,
+    COUNT,
+    DATA,
+    END,
+    HALF_CLOSE,
+    HELLO,
+    HOLD,
+    OPEN,
+    REPORT_EVERY,
+    TAKEN,
+    WINDOW,
+    WRITTEN,
+    Link,
+    encode,
+)
 from sokutatsu.broker.limits import client_of
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.v1 import broker_pb2
@@ -81,19 +96,41 @@ class Status(SokutatsuError):
 
 
 class ClientStream:
-    __slots__ = ("end", "out", "wake")
+    """One client stream: what the broker sent and the worker has not written yet (``held`` bytes),
+    the bytes written since the last ``WRITTEN``, the request bytes relayed and not reported ``TAKEN``
+    (``untaken``); ``room`` is set whenever the worker may relay more of the client's frames."""
+
+    __slots__ = ("end", "held", "out", "room", "untaken", "wake", "written")
 
     def __init__(self) -> None:
         self.out: list[bytes] = []
+        self.held = 0
+        self.written = 0
+        self.untaken = 0
         self.end: SokutatsuError | None = None
         self.wake = asyncio.Event()
+        self.room = asyncio.Event()
+
+    def may_relay(self) -> bool:
+        return self.held < HOLD and self.untaken <= WINDOW
 
 
-async def _ended(one: ClientStream) -> None:
-    """Until the broker has ended the stream (``END``) or the link is gone."""
-    while one.end is None:
-        one.wake.clear()
-        await one.wake.wait()
+async def _cancel_on_broker(link: Link, stream: int, one: ClientStream) -> None:
+    """A stream the worker ends (its client went, or a frame was refused): the broker releases what
+    it counted for the client's limits, then ends it (``END``); the client's stream ends only after
+    that (at most ``CANCEL_ANSWER_SECONDS``), as one the broker serves itself, so a client that opens
+    another at once is not refused for this one."""
+    if link.closed:
+        return
+    link.send(CANCEL, stream)
+
+    async def ended() -> None:
+        while one.end is None:
+            one.wake.clear()
+            await one.wake.wait()
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ended(), CANCEL_ANSWER_SECONDS)
 
 
 class WorkerLink(Link):
@@ -110,6 +147,11 @@ class WorkerLink(Link):
             return  # the client's stream is gone (the broker is told: CANCEL)
         if kind == DATA:
             one.out.append(payload)
+            one.held += len(payload)
+        elif kind == TAKEN:
+            one.untaken -= COUNT.unpack(payload)[0]
+            one.room.set()
+            return
         elif kind == END:
             end = json.loads(payload)
             code = next((c for c in grpc.StatusCode if c.value[0] == end["code"]), grpc.StatusCode.UNKNOWN)
@@ -149,7 +191,13 @@ class Relay:
         async def read() -> None:
             try:
                 async for frame in requests:
+                    # The client has not read what the broker answered, or the broker has not taken what
+                    # was relayed: relay nothing more until it has (gRPC flow control holds the client).
+                    while not one.may_relay():
+                        one.room.clear()
+                        await one.room.wait()
                     link.send(DATA, stream, frame.raw)
+                    one.untaken += len(frame.raw)
                     if link.paused:
                         await link.drained()
                 link.send(HALF_CLOSE, stream)
@@ -166,7 +214,13 @@ class Relay:
                 await one.wake.wait()
                 one.wake.clear()
                 while one.out:
-                    yield self._take(one)
+                    response = self._take(one)
+                    yield response
+                    one.written += len(response)
+                    if one.written >= REPORT_EVERY:
+                        link.send(WRITTEN, stream, COUNT.pack(one.written))
+                        one.written = 0
+                    one.room.set()
                 if one.end is not None:
                     ended = True
                     if one.end.code != grpc.StatusCode.OK:
@@ -176,13 +230,8 @@ class Relay:
                     raise failure[0]
         finally:
             reader.cancel()
-            if not ended and not link.closed:
-                link.send(CANCEL, stream)
-                # The broker releases what the stream counted for the client's limits, then ends it
-                # (END): the client's stream ends only after that, as one the broker serves itself
-                # (a client that opens another at once is not refused for this one).
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_ended(one), CANCEL_ANSWER_SECONDS)
+            if not ended:
+                await _cancel_on_broker(link, stream, one)
             del link.streams[stream]
             await asyncio.gather(reader, return_exceptions=True)
 
@@ -195,6 +244,7 @@ class Relay:
         while count < len(out) and size + len(out[count]) <= self.frame_cap:
             size += len(out[count])
             count += 1
+        one.held -= size
         if count == 1:
             return out.pop(0)
         taken = b"".join(out[:count])

@@ -9,9 +9,10 @@ by the limits), the same attach, credit, detach and redirect; the stream's frame
 bytes. Auth was checked by the worker's interceptor, frame by frame, before it relayed a frame.
 
 Memory: the core writes a lane's batches only within the lane's credits (``SubscriptionQueue.poll``),
-so what one stream has in flight towards its client (in the link, the worker, gRPC) is bounded by
-its lanes' credits, plus one frame of each lane's ``Subscribed`` and terminal frames. A relayed
-stream also waits while the link's buffer is over its high-water mark (:meth:`Link.drained`).
+and each relayed stream has a window on the link in each direction (``delivery_link.py``, flow
+control): the core waits once ``WINDOW`` of a stream's bytes are not reported written to its client,
+the worker once ``WINDOW`` of its requests are not reported taken here. A relayed stream also waits
+while the link's buffer is over its high-water mark (:meth:`Link.drained`).
 
 Faults: a worker that dies closes its link; the core ends that link's ManyStreams (their lanes are
 detached once, as when a client's stream breaks: ManyStream's invariant 2) and starts the worker
@@ -37,7 +38,21 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from sokutatsu.broker.broker import Broker
-from sokutatsu.broker.delivery_link import CANCEL, DATA, END, HALF_CLOSE, HELLO, OPEN, Link, encode
+from sokutatsu.broker.delivery_link import (
+    CANCEL,
+    COUNT,
+    DATA,
+    END,
+    HALF_CLOSE,
+    HELLO,
+    OPEN,
+    REPORT_EVERY,
+    TAKEN,
+    WINDOW,
+    WRITTEN,
+    Link,
+    encode,
+)
 from sokutatsu.broker.limits import Client, Limits
 from sokutatsu.broker.subscribe_many import ManyStream
 from sokutatsu.broker.v1 import broker_pb2
@@ -70,14 +85,19 @@ NOT_INHERITED = ("SOKUTATSU_ANNOUNCE_FILE", "SOKUTATSU_TRACE_DIR", "OTEL_EXPORTE
 
 
 class Relayed:
-    """One SubscribeMany stream a worker relays: the client's request frames, the task running its
-    ManyStream, and the status it ends with (sent as ``END`` once the task is done)."""
+    """One SubscribeMany stream a worker relays: the client's request frames, the task running
+    its ManyStream, its bytes sent to the worker that it has not reported written (``WINDOW``), and
+    the status it ends with (sent as ``END`` once the task is done)."""
 
-    __slots__ = ("code", "message", "requests", "task")
+    __slots__ = ("code", "message", "requests", "room", "taken", "task", "unwritten")
 
     def __init__(self) -> None:
         self.requests: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        self.unwritten = 0
+        self.room = asyncio.Event()
+        # Request bytes the ManyStream took since the last TAKEN.
+        self.taken = 0
         # Until the stream ends otherwise: the worker cancelled it (its client's stream ended there).
         self.code = grpc.StatusCode.CANCELLED
         self.message = "the stream was cancelled"
@@ -107,6 +127,12 @@ class CoreLink(Link):
             relayed = self.streams.get(stream)
             if relayed is not None:
                 relayed.requests.put_nowait(payload)
+        elif kind == WRITTEN:
+            relayed = self.streams.get(stream)
+            if relayed is not None:
+                relayed.unwritten -= COUNT.unpack(payload)[0]
+                if relayed.unwritten <= WINDOW:
+                    relayed.room.set()
         elif kind == OPEN:
             self._open(stream, json.loads(payload))
         elif kind == HALF_CLOSE:
@@ -136,7 +162,19 @@ class CoreLink(Link):
         relayed = Relayed()
         self.streams[stream] = relayed
         relayed.task = asyncio.create_task(self._serve(stream, client, relayed), name=f"delivery-relay-{stream}")
+        # The stream leaves the link when its task is done, however it ends: a CANCEL read together with its
+        # OPEN cancels the task before it ran, when no clean-up of its own runs.
         relayed.task.add_done_callback(lambda _: self._finished(stream, relayed))
+
+    def _finished(self, stream: int, relayed: Relayed) -> None:
+        """After the stream's task, whether it ran or was cancelled before it started: the stream leaves
+        the link; what it counted for the client's limits is released by now, and only then is the
+        worker told to end the client's stream (``END``), so a client that opens another one at once
+        is never refused for the one that ended, as with a stream the broker serves itself (the worker
+        waits for this ``END`` after a ``CANCEL`` of its own)."""
+        if self.streams.get(stream) is relayed:
+            del self.streams[stream]
+        self.send(END, stream, encode({"code": relayed.code.value[0], "message": relayed.message}))
 
     async def _serve(self, stream: int, client: Client | None, relayed: Relayed) -> None:
         """The stream's ManyStream, counted for ``client``'s limits while it runs; its end in ``relayed``."""
@@ -152,9 +190,14 @@ class CoreLink(Link):
                 lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
                 plane.broker.settings.batch_bytes,
             )
-            async with contextlib.aclosing(many.run(_frames(relayed.requests))) as responses:
+            async with contextlib.aclosing(many.run(self._frames(stream, relayed))) as responses:
                 async for response in responses:
                     self.send(DATA, stream, response)
+                    relayed.unwritten += len(response)
+                    # Past its window, this stream waits for its client (the worker says what it wrote).
+                    while relayed.unwritten > WINDOW:
+                        relayed.room.clear()
+                        await relayed.room.wait()
                     if self.paused:
                         await self.drained()
             relayed.code, relayed.message = grpc.StatusCode.OK, ""
@@ -167,26 +210,21 @@ class CoreLink(Link):
         finally:
             plane.limits.close_stream(client)
 
-    def _finished(self, stream: int, relayed: Relayed) -> None:
-        """After the stream's task, whether it ran or was cancelled before it started: what it counted
-        for the client's limits is released by now, and only then is the worker told to end the
-        client's stream (``END``), so a client that opens another one at once is never refused for
-        the one that ended, as with a stream the broker serves itself (and the worker waits for this
-        ``END`` after a ``CANCEL`` of its own)."""
-        self.streams.pop(stream, None)
-        self.send(END, stream, encode({"code": relayed.code.value[0], "message": relayed.message}))
-
-
-async def _frames(requests: asyncio.Queue[bytes | None]) -> AsyncIterator[broker_pb2.SubscribeManyRequest]:
-    """The client's request frames, as the worker relayed them, until the client half-closed."""
-    while True:
-        raw = await requests.get()
-        if raw is None:
-            return
-        try:
-            yield broker_pb2.SubscribeManyRequest.FromString(raw)
-        except DecodeError as exc:
-            raise InvalidArgument(f"a frame could not be decoded as SubscribeManyRequest: {exc}") from None
+    async def _frames(self, stream: int, relayed: Relayed) -> AsyncIterator[broker_pb2.SubscribeManyRequest]:
+        """The client's request frames, as the worker relayed them, until the client half-closed; what
+        the ManyStream takes is reported to the worker (``TAKEN``), which relays more within its window."""
+        while True:
+            raw = await relayed.requests.get()
+            if raw is None:
+                return
+            relayed.taken += len(raw)
+            if relayed.taken >= REPORT_EVERY:
+                self.send(TAKEN, stream, COUNT.pack(relayed.taken))
+                relayed.taken = 0
+            try:
+                yield broker_pb2.SubscribeManyRequest.FromString(raw)
+            except DecodeError as exc:
+                raise InvalidArgument(f"a frame could not be decoded as SubscribeManyRequest: {exc}") from None
 
 
 class Workers:

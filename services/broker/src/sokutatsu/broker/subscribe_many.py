@@ -23,6 +23,11 @@ module alone (``_open``, ``_attached`` and ``_end`` are the only places that cha
    cancellation (then without a terminal frame);
 3. a lane's frames go out in order: ``Subscribed``, batches, the terminal frame.
 
+Memory: batches are taken only within each lane's credits; the other frames (``Subscribed``, terminal
+frames, refused opens) answer the client's own frames, so the reader applies no more of those while
+``frame_bytes`` of them wait to be written (``pending``): a client that sends and never reads is held
+back by gRPC flow control instead of filling the broker with answers it does not take.
+
 A client's mistake that concerns the stream (an undecodable frame, id 0, an open for an id that is
 open, a frame for an id never opened) ends the stream with ``INVALID_ARGUMENT``; one that concerns
 one subscription (an open the broker refuses, a credit over the maximum) ends that subscription
@@ -87,8 +92,11 @@ class ManyStream:
         self.lanes: dict[int, Lane] = {}
         # Lanes whose queue may have something to send or wants to stop, in the order they became so.
         self.ready: dict[int, Lane] = {}
-        # Frames other than batches waiting to go out (Subscribed, terminal frames).
+        # Frames other than batches waiting to go out (Subscribed, terminal frames), and their bytes.
         self.out: list[bytes] = []
+        self.pending = 0
+        # Set each time the writer has written what it drained: the reader may apply more frames.
+        self.taken = asyncio.Event()
         self.wake = asyncio.Event()
         # The highest id ever opened: a frame for a higher one names a subscription never opened.
         self.highest = 0
@@ -109,6 +117,7 @@ class ManyStream:
                 frame = self._drain()
                 if frame:
                     yield frame
+                self.taken.set()
                 if not self.reading:
                     break
         finally:
@@ -123,6 +132,10 @@ class ManyStream:
             async for request in requests:
                 for frame in request.frames:
                     self._apply(frame)
+                    while self.pending >= self.frame_bytes:
+                        # The client has not taken our answers so far: read no more until it has.
+                        self.taken.clear()
+                        await self.taken.wait()
         except (SokutatsuError, aio.AioRpcError, asyncio.InvalidStateError) as exc:
             self.failure = exc
         finally:
@@ -170,8 +183,7 @@ class ManyStream:
         try:
             release = self.hold(opening.subscription)
         except SokutatsuError as exc:
-            self.out.append(_ended(lane_id, exc.code, str(exc)))
-            self.wake.set()
+            self._queue(_ended(lane_id, exc.code, str(exc)))
             return
         lane = Lane(lane_id, release)
         self.lanes[lane_id] = lane
@@ -198,7 +210,7 @@ class ManyStream:
             raise
         lane.opening = None
         lane.queue = queue
-        self.out.append(
+        self._queue(
             _response(
                 lane.id,
                 subscribed=broker_pb2.Subscribed(
@@ -221,8 +233,8 @@ class ManyStream:
     def _drain(self) -> bytes:
         """One response frame: the waiting frames, then what every ready lane has now."""
         parts = self.out
-        self.out = []
-        size = sum(len(p) for p in parts)
+        size = self.pending
+        self.out, self.pending = [], 0
         lanes = list(self.ready.values())
         self.ready.clear()
         for lane in lanes:
@@ -243,7 +255,7 @@ class ManyStream:
                 if queue.has_more:
                     self._ready(lane)
         parts += self.out
-        self.out = []
+        self.out, self.pending = [], 0
         return b"".join(parts)
 
     def _stopped(self, lane: Lane, queue: SubscriptionQueue) -> None:
@@ -271,5 +283,10 @@ class ManyStream:
             self.broker.detach(queue)
         lane.release()
         if terminal is not None:
-            self.out.append(terminal)
-            self.wake.set()
+            self._queue(terminal)
+
+    def _queue(self, frame: bytes) -> None:
+        """A frame other than a batch, to go out with the next response."""
+        self.out.append(frame)
+        self.pending += len(frame)
+        self.wake.set()
