@@ -15,6 +15,7 @@ COLUMNS = (
     "duplicates",
     "reordered",
     "gaps",
+    "unexpected",
     "max_actives",
     "stall max s",
     "stall p99 s",
@@ -45,6 +46,7 @@ def row(s: dict[str, Any]) -> list[str]:
         str(s["duplicates"]),
         str(s["reordered"]),
         str(s["gaps"]),
+        str(s.get("unexpected", 0)),  # reports before the check have none
         str(s["max_actives"]),
         f"{s['publish_stall_max_s']:.2f}",
         f"{s['publish_stall_p99_s']:.3f}",
