@@ -104,14 +104,26 @@ def _serialize_many(request: broker_pb2.SubscribeManyRequest) -> bytes:
     return request.SerializeToString()
 
 
-def start_many(channel: aio.Channel) -> ManyCall:
-    """A SubscribeMany stream (nothing sent yet)."""
+def start_many(channel: aio.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> ManyCall:
+    """A SubscribeMany stream (nothing sent yet), with this call metadata (a bearer token)."""
     call: ManyCall = channel.stream_stream(
         "/sokutatsu.broker.v1.Broker/SubscribeMany",
         request_serializer=_serialize_many,
         response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
-    )()
+    )(metadata=metadata)
     return call
+
+
+async def moved_to(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> str:
+    """What a broker with delivery workers answers a new SubscribeMany stream with, as an address."""
+    async with aio.insecure_channel(address) as channel:
+        call = start_many(channel, metadata)
+        first = await call.read()
+        assert isinstance(first, broker_pb2.SubscribeManyResponse)
+        assert not first.frames
+        assert await call.read() is aio.EOF  # the broker ended it, having opened nothing
+    moved = first.moved_to
+    return address.rpartition(":")[0] + moved if moved.startswith(":") else moved
 
 
 def many_open(

@@ -19,12 +19,11 @@ from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client import Subscriber, SubscriberConnection
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 from tests.broker.raw import (
-    ManyCall,
     ManyReader,
     batch,
-    many_credit,
     many_open,
     message,
+    moved_to,
     open_publish,
     publish,
     start_many,
@@ -40,32 +39,6 @@ pytestmark = pytest.mark.timeout(180)
 
 async def _workers(address: str) -> list[broker_pb2.DeliveryWorkerStats]:
     return list((await stats(address)).delivery_workers)
-
-
-def _serialize(request: broker_pb2.SubscribeManyRequest) -> bytes:
-    return request.SerializeToString()
-
-
-def _many(channel: aio.Channel, metadata: tuple[tuple[str, str], ...]) -> ManyCall:
-    """A SubscribeMany stream with this call metadata (a bearer token)."""
-    call: ManyCall = channel.stream_stream(
-        "/sokutatsu.broker.v1.Broker/SubscribeMany",
-        request_serializer=_serialize,
-        response_deserializer=broker_pb2.SubscribeManyResponse.FromString,
-    )(metadata=metadata)
-    return call
-
-
-async def _moved_to(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> str:
-    """What the broker answers a new SubscribeMany stream with, as an address."""
-    async with aio.insecure_channel(address) as channel:
-        call = _many(channel, metadata)
-        first = await call.read()
-        assert isinstance(first, broker_pb2.SubscribeManyResponse)
-        assert not first.frames
-        assert await call.read() is aio.EOF  # the broker ended it, having opened nothing
-    moved = first.moved_to
-    return address.rpartition(":")[0] + moved if moved.startswith(":") else moved
 
 
 def _link_of(worker: int) -> Path:
@@ -95,29 +68,8 @@ async def test_subscribers_on_two_workers_get_everything_once_in_order_within_cr
     assert [w.ready for w in workers] == [True, True]
     ports = {w.address.rpartition(":")[2] for w in workers}
 
-    # Through a worker, frame by frame: a narrow lane gets what its credits allow and no more.
-    worker = await _moved_to(broker.address)
-    assert worker.rpartition(":")[2] in ports
-    async with aio.insecure_channel(worker) as channel, aio.insecure_channel(broker.address) as pub_channel:
-        reader = ManyReader(start_many(channel))
-        await reader.send(many_open(1, "narrow", TOPIC, 3), many_open(2, "wide", TOPIC, 1000))
-        await reader.until(lambda: all("subscribed" in reader.kinds(lane) for lane in (1, 2)))
-        pub, _ = await open_publish(pub_channel, "raw")
-        await publish(pub, batch(TOPIC, [message("raw", s) for s in range(1, 51)]))
-        await reader.until(lambda: len(reader.seqs.get(2, [])) == 50)
-
-        async def narrow_window_full() -> bool:
-            s = await subscriber_stats(broker.address, "narrow")
-            return s.in_flight == 3 and s.credits == 0 and s.depth == 50
-
-        await until(narrow_window_full, "3 messages in flight to the narrow subscription")
-        await reader.until(lambda: len(reader.seqs.get(1, [])) == 3)
-        assert reader.seqs[1] == [1, 2, 3]
-        await reader.send(many_credit(1, 47, acked={"raw": 3}))
-        await reader.until(lambda: len(reader.seqs.get(1, [])) == 50)
-        assert reader.seqs == {1: list(range(1, 51)), 2: list(range(1, 51))}
-        reader.call.cancel()
-        pub.cancel()
+    # Frame by frame through a worker: test_subscribe_many.py's credits test, with a worker.
+    assert (await moved_to(broker.address)).rpartition(":")[2] in ports
 
     # The SDK: eight connections (a stream each) spread over both workers, each subscriber filtered.
     total = 3000
@@ -171,7 +123,7 @@ async def test_a_killed_worker_s_streams_end_its_clients_reopen_and_it_is_starte
     # A raw stream through worker 0 that nobody reopens: its lanes are detached when the worker dies.
     first = await _workers(broker.address)
     by_port = {w.address.rpartition(":")[2]: w for w in first}
-    raw_at = await _moved_to(broker.address)
+    raw_at = await moved_to(broker.address)
     victim = by_port[raw_at.rpartition(":")[2]]
     total = 4000
     async with aio.insecure_channel(raw_at) as channel:
@@ -250,12 +202,12 @@ async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_princip
     broker.env.update(auth_file.env("svc"))
     broker.start()
     app = auth_file.metadata("app")
-    worker = await _moved_to(broker.address, app)
+    worker = await moved_to(broker.address, app)
     assert worker == (await _workers_as(broker.address, auth_file.metadata("admin")))[0].address
 
     async def refused(metadata: tuple[tuple[str, str], ...], *frames: broker_pb2.SubscriptionRequest) -> str:
         async with aio.insecure_channel(worker) as channel:
-            reader = ManyReader(_many(channel, metadata))
+            reader = ManyReader(start_many(channel, metadata))
 
             async def refusal() -> None:
                 # The write itself may fail: a call without credentials can be refused before it.
@@ -270,7 +222,7 @@ async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_princip
     assert await refused(app, many_open(1, "other-1", "t.x", 10)) == "PERMISSION_DENIED"  # not app's id
     assert await refused(app, many_open(1, "app-1", "u.x", 10)) == "PERMISSION_DENIED"  # no grant on u.*
     async with aio.insecure_channel(worker) as channel:
-        reader = ManyReader(_many(channel, app))
+        reader = ManyReader(start_many(channel, app))
         # The stream and one subscription are the principal's two streams: a second subscription is over.
         await reader.send(many_open(1, "app-1", "t.x", 10), many_open(2, "app-2", "t.x", 10))
         await reader.until(lambda: bool(reader.kinds(1)) and bool(reader.kinds(2)))

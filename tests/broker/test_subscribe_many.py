@@ -17,6 +17,7 @@ from tests.broker.raw import (
     many_credit,
     many_open,
     message,
+    moved_to,
     open_publish,
     publish,
     start_many,
@@ -68,9 +69,16 @@ async def test_one_stream_carries_each_subscription_its_own_messages_in_one_fram
     await until(detached, "every subscription detached when the stream ended")
 
 
-async def test_credits_are_kept_per_subscription(broker: BrokerProcess) -> None:
-    async with aio.insecure_channel(broker.address) as channel:
-        reader = ManyReader(start_many(channel))
+@pytest.mark.parametrize("delivery_workers", ["0", "1"])
+async def test_credits_are_kept_per_subscription(
+    broker_factory: Callable[..., BrokerProcess], delivery_workers: str
+) -> None:
+    """Also with the stream at a delivery worker (docs/broker.md, Delivery workers)."""
+    broker = broker_factory(delivery_workers=delivery_workers)
+    broker.start()
+    at = broker.address if delivery_workers == "0" else await moved_to(broker.address)
+    async with aio.insecure_channel(at) as many_channel, aio.insecure_channel(broker.address) as channel:
+        reader = ManyReader(start_many(many_channel))
         await reader.send(many_open(1, "narrow", TOPIC, 3), many_open(2, "wide", TOPIC, 1000))
         await _subscribed(reader, 1, 2)
         pub, _ = await open_publish(channel, "feed")
