@@ -172,7 +172,7 @@ def check_subscriber(publishers: Sequence[PublisherHistory], sub: SubscriberHist
         p.publisher_id: {s for s, a in p.acks.items() if matches(a.key, sub.keys, sub.prefixes)} for p in publishers
     }
     verdict.expected = sum(len(v) for v in expected.values())
-    acked_keys = {p.publisher_id: {s: a.key for s, a in p.acks.items()} for p in publishers}
+    acks = {p.publisher_id: p.acks for p in publishers}
     counts = Counter(sub.delivered)
     highest: dict[str, int] = {}
     seen: set[tuple[str, int]] = set()
@@ -183,10 +183,10 @@ def check_subscriber(publishers: Sequence[PublisherHistory], sub: SubscriberHist
             duplicated.setdefault(publisher, []).append(seq)
             continue
         seen.add((publisher, seq))
-        key = acked_keys.get(publisher, {}).get(seq)
-        if key is not None and not matches(key, sub.keys, sub.prefixes):
+        ack = acks[publisher].get(seq) if publisher in acks else None
+        if ack is not None and not matches(ack.key, sub.keys, sub.prefixes):
             verdict.unexpected += 1
-            verdict.unexpected_examples.append((publisher, seq, key))
+            verdict.unexpected_examples.append((publisher, seq, ack.key))
         top = highest.get(publisher, 0)
         if seq < top:
             verdict.reordered += 1
