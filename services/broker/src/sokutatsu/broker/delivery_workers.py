@@ -30,14 +30,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.delivery_link import (
     CANCEL,
     COUNT,
@@ -53,8 +52,7 @@ from sokutatsu.broker.delivery_link import (
     Link,
     encode,
 )
-from sokutatsu.broker.limits import Client, Limits
-from sokutatsu.broker.subscribe_many import ManyStream
+from sokutatsu.broker.limits import Client
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import InvalidArgument, SokutatsuError, StartupError
 
@@ -65,10 +63,9 @@ class Plane(Protocol):
     """What a relayed stream needs of the broker's data plane (``service.DataPlane``, which holds the
     ``Workers``: this narrow interface keeps the two modules out of an import cycle)."""
 
-    broker: Broker
-    limits: Limits
-
-    def hold(self, client: Client | None, subscription: broker_pb2.Subscription, method: str) -> Callable[[], None]: ...
+    def many(
+        self, client: Client | None, frames: AsyncIterator[broker_pb2.SubscribeManyRequest]
+    ) -> AsyncGenerator[bytes, None]: ...
 
 
 WORKER_MODULE = "sokutatsu.broker.delivery_worker"
@@ -177,20 +174,10 @@ class CoreLink(Link):
         self.send(END, stream, encode({"code": relayed.code.value[0], "message": relayed.message}))
 
     async def _serve(self, stream: int, client: Client | None, relayed: Relayed) -> None:
-        """The stream's ManyStream, counted for ``client``'s limits while it runs; its end in ``relayed``."""
-        plane = self.workers.plane
+        """The stream's ManyStream (``DataPlane.many``, as for a stream served here); its end in ``relayed``."""
         try:
-            plane.limits.open_stream(client, "SubscribeMany")
-        except SokutatsuError as exc:
-            relayed.code, relayed.message = exc.code, str(exc)
-            return
-        try:
-            many = ManyStream(
-                plane.broker,
-                lambda subscription: plane.hold(client, subscription, "SubscribeMany subscription"),
-                plane.broker.settings.batch_bytes,
-            )
-            async with contextlib.aclosing(many.run(self._frames(stream, relayed))) as responses:
+            responses = self.workers.plane.many(client, self._frames(stream, relayed))
+            async with contextlib.aclosing(responses):
                 async for response in responses:
                     self.send(DATA, stream, response)
                     relayed.unwritten += len(response)
@@ -207,8 +194,6 @@ class CoreLink(Link):
             log.exception("a relayed SubscribeMany stream failed")
             relayed.code = grpc.StatusCode.INTERNAL
             relayed.message = "internal error in SubscribeMany; the broker log has it"
-        finally:
-            plane.limits.close_stream(client)
 
     async def _frames(self, stream: int, relayed: Relayed) -> AsyncIterator[broker_pb2.SubscribeManyRequest]:
         """The client's request frames, as the worker relayed them, until the client half-closed; what

@@ -207,7 +207,15 @@ class DataPlane:
         if moved is not None:
             yield broker_pb2.SubscribeManyResponse(moved_to=moved).SerializeToString()
             return
-        client = self.limits.client(context)
+        async with contextlib.aclosing(self.many(self.limits.client(context), _many_frames(requests))) as responses:
+            async for response in responses:
+                yield response
+
+    async def many(
+        self, client: Client | None, frames: AsyncIterator[broker_pb2.SubscribeManyRequest]
+    ) -> AsyncGenerator[bytes, None]:
+        """One SubscribeMany stream of ``client``, its gRPC side here or at a delivery worker: counted
+        as one stream for the client's limits while it runs, each subscription on it as ``hold`` says."""
         self.limits.open_stream(client, "SubscribeMany")
         try:
             stream = ManyStream(
@@ -215,7 +223,7 @@ class DataPlane:
                 lambda subscription: self.hold(client, subscription, "SubscribeMany subscription"),
                 self.broker.settings.batch_bytes,
             )
-            async with contextlib.aclosing(stream.run(_many_frames(requests))) as responses:
+            async with contextlib.aclosing(stream.run(frames)) as responses:
                 async for response in responses:
                     yield response
         finally:
