@@ -98,7 +98,9 @@ async def test_a_subscriber_that_comes_to_the_taking_broker_before_the_redirect_
     had ended, reconnected on its own to broker-a in between, and broker-a served it, telling the
     messages after its position that it lacked as a gap: 1,249 acknowledged messages, all held by
     broker-b. A standby that lacks messages after a subscriber's position sends it to its peer."""
-    pair = await pair_factory()
+    # A peer timeout of 2 s, not 500 ms: a fresh-clone CI run (four workers on two cores) once had
+    # broker-a accept with no floor at all, as a broker that did not hear its peer at that moment does.
+    pair = await pair_factory(peer_timeout_ms="2000")
     a, b = pair.active, pair.standby
     first = Consumer(pair, "desk", 100)
     async with consuming(first):
@@ -139,7 +141,8 @@ async def test_a_subscriber_that_comes_to_the_taking_broker_before_the_redirect_
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:  # not yet its peer's holdings
                     raise
                 return False
-            assert dict(reply.floor.last_seq)["feed"] == 600  # broker-a holds desk's messages only after 600
+            # broker-a holds desk's messages only after 600.
+            assert dict(reply.floor.last_seq).get("feed") == 600, (reply, await _role(a.address))
             return True
 
         await until(accepted, "broker-a to accept desk")
