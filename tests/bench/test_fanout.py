@@ -5,6 +5,7 @@ The figures themselves come from `sokutatsu bench fanout`."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections import Counter
 from pathlib import Path
@@ -142,3 +143,21 @@ async def test_a_tiny_run_on_sokutatsu_has_every_figure_and_loses_nothing(monkey
     assert "| sokutatsu | 3 | every key | 2 |" in result["table"]
     assert "| nats-push | skipped" in result["table"]
     assert any(line.startswith("nats-push: skipped") for line in said)
+
+
+async def test_each_publisher_linger_is_a_scenario_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fanout, "NATS_PORT", _closed_port())
+    cfg = dataclasses.replace(TINY, filters=(True,), linger_ms=(None, 5.0))
+    result = await measure(cfg, ["sokutatsu"], say=lambda _: None)
+    default, lingered = result["rows"]
+    assert "publisher_linger_ms" not in default
+    assert lingered["publisher_linger_ms"] == 5.0
+    for row in (default, lingered):
+        assert row["complete"], row
+        assert (
+            row["deliveries"]
+            == row["offered_deliveries"]
+            == sum(expected(int(cfg.rate * cfg.seconds), g) for g in range(3))
+        )
+    assert "| sokutatsu | 3 | 1/16 keys |" in result["table"]
+    assert "| sokutatsu, linger 5 ms | 3 | 1/16 keys |" in result["table"]

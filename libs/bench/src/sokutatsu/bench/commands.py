@@ -311,6 +311,19 @@ def bench_queuedb(
         raise typer.Exit(1)
 
 
+def _lingers(linger_ms: str | None) -> tuple[float | None, ...]:
+    """``--linger-ms`` of ``bench fanout``: (None,) for the SDK's default."""
+    if linger_ms is None:
+        return (None,)
+    try:
+        lingers = tuple(float(ms) for ms in linger_ms.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected milliseconds such as 1,2, got {linger_ms!r}") from None
+    if any(not 0 <= ms <= 1000 for ms in lingers):
+        raise typer.BadParameter(f"expected milliseconds from 0 to 1000 such as 1,2, got {linger_ms!r}")
+    return lingers
+
+
 def bench_fanout(
     quick: Annotated[bool, typer.Option("--quick", help="N in 1 and 16, 3 s phases: a smoke run.")] = False,
     systems: Annotated[
@@ -328,7 +341,9 @@ def bench_fanout(
     ] = None,
     profile: Annotated[
         Path | None,
-        typer.Option("--profile", help="Record the active broker with py-spy at N=16 and 64 into this folder."),
+        typer.Option(
+            "--profile", help="Record the active broker and its standby with py-spy at N=16 and 64 into this folder."
+        ),
     ] = None,
     delivery_workers: Annotated[
         str,
@@ -337,6 +352,14 @@ def bench_fanout(
             help="Sokutatsu with these numbers of delivery workers per broker, one scenario each, e.g. 0,1,2.",
         ),
     ] = "0",
+    linger_ms: Annotated[
+        str | None,
+        typer.Option(
+            "--linger-ms",
+            help="Sokutatsu with its publisher's linger at these values in ms, one scenario each, e.g. 1,2 "
+            "(default: the SDK's).",
+        ),
+    ] = None,
 ) -> None:
     """One feed to N filtered or unfiltered subscribers: Sokutatsu vs NATS JetStream push and pull (issue 23)."""
     import dataclasses  # noqa: PLC0415 - only for this command
@@ -364,7 +387,7 @@ def bench_fanout(
         raise typer.BadParameter(f"expected numbers of workers such as 0,1,2, got {delivery_workers!r}") from None
     if not workers or any(k < 0 for k in workers):
         raise typer.BadParameter(f"expected numbers of workers such as 0,1,2, got {delivery_workers!r}")
-    cfg = dataclasses.replace(cfg, filters=filters, delivery_workers=workers)
+    cfg = dataclasses.replace(cfg, filters=filters, delivery_workers=workers, linger_ms=_lingers(linger_ms))
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
     path = json_path or Path(f"bench/results/fanout-{stamp}{'-quick' if quick else ''}.json")
     plots = plots or Path(f"bench/results/plots{'-quick' if quick else ''}")

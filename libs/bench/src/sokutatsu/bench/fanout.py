@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import tempfile
@@ -61,6 +62,8 @@ class FanoutConfig:
     filters: tuple[bool, ...] = (False, True)
     # SOKUTATSU_BROKER_DELIVERY_WORKERS of both brokers, one Sokutatsu scenario each (0: none).
     delivery_workers: tuple[int, ...] = (0,)
+    # The Sokutatsu publisher's ``linger`` in milliseconds, one Sokutatsu scenario each (None: the SDK's default).
+    linger_ms: tuple[float | None, ...] = (None,)
 
 
 QUICK = FanoutConfig(counts=(1, 16), rate=2000, seconds=3.0, drain_seconds=5.0)
@@ -88,6 +91,7 @@ class Servers:
     pids: dict[str, int]  # the server processes whose CPU is measured
     active: int | None  # the process to profile
     pair: Pair | None = None
+    standby: int | None = None  # profiled too: it stores every message as the active does
 
 
 def nats_pid() -> int | None:
@@ -110,7 +114,7 @@ def servers(system: str, workers: int = 0) -> Iterator[Servers]:
         pair_with_monitor(Path(tmp), broker={"delivery_workers": str(workers)}) as pair,
     ):
         pids = {"broker-a": pair.active.pid, "broker-b": pair.standby.pid}
-        yield Servers(pair.addresses, pids, pair.active.pid, pair)
+        yield Servers(pair.addresses, pids, pair.active.pid, pair, pair.standby.pid)
 
 
 async def add_workers(where: Servers) -> None:
@@ -144,11 +148,13 @@ class Published:
     acked_ns: int = 0  # every message acknowledged
 
 
-async def publish(system: str, addresses: Sequence[str], cfg: FanoutConfig, total: int) -> Published:
+async def publish(
+    system: str, addresses: Sequence[str], cfg: FanoutConfig, total: int, linger_ms: float | None = None
+) -> Published:
     """Up to ``total`` messages at ``cfg.rate``; stops early once ``HELD_FACTOR`` times the planned
     time has passed (acknowledgements holding the publisher back): ``sent`` says how many went."""
     out = Published()
-    async with sender(system, addresses) as send:
+    async with sender(system, addresses, linger_ms) as send:
         out.start_ns = time.time_ns()
         start = time.perf_counter()
         sent = 0
@@ -178,6 +184,7 @@ class Run:
     total: int
     processes: int
     workers: int = 0
+    linger_ms: float | None = None  # the Sokutatsu publisher's (None: the SDK's default)
     published: Published = field(default_factory=Published)
     got: list[dict[str, Any]] = field(default_factory=list)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -185,15 +192,23 @@ class Run:
     load: tuple[float, float] = (0.0, 0.0)
     steal: float | None = None
     profile: str | None = None
+    profile_standby: str | None = None
     # With delivery workers: the frames the active's core sent its workers, and the writes they took.
     link: dict[str, int] = field(default_factory=dict)
 
 
 async def scenario(
-    system: str, n: int, filtered: bool, cfg: FanoutConfig, profile_dir: Path | None = None, *, workers: int = 0
+    system: str,
+    n: int,
+    filtered: bool,
+    cfg: FanoutConfig,
+    profile_dir: Path | None = None,
+    *,
+    workers: int = 0,
+    linger_ms: float | None = None,
 ) -> dict[str, Any]:
     total = int(cfg.rate * cfg.seconds)
-    run = Run(system, n, filtered, total, processes_for(n), workers)
+    run = Run(system, n, filtered, total, processes_for(n), workers, linger_ms)
     load_before = os.getloadavg()[0]
     steal_before = cpu_sample()
     with servers(system, workers) as where:
@@ -235,11 +250,15 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
         results = [asyncio.create_task(child_result(p, limit)) for p in procs]
         before = {name: process_cpu(pid) for name, pid in where.pids.items()}
         recording: Recording | None = None
+        standby: Recording | None = None
         if profile_dir is not None and where.active is not None:
             label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
             label += f"-{run.workers}-workers" if run.workers else ""
+            label += f"-linger-{run.linger_ms:g}-ms" if run.linger_ms is not None else ""
             recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
-        run.published = await publish(run.system, where.addresses, cfg, run.total)
+            if where.standby is not None:
+                standby = await start_recording(where.standby, cfg.seconds, profile_dir / f"{label}-standby.txt")
+        run.published = await publish(run.system, where.addresses, cfg, run.total, run.linger_ms)
         if run.published.sent < run.total:
             run.total = run.published.sent
             for proc in procs:
@@ -257,6 +276,8 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
             run.link = {"frames": sum(w.link_frames for w in workers), "writes": sum(w.link_writes for w in workers)}
         if recording is not None:
             run.profile = await recording.finish()
+        if standby is not None:
+            run.profile_standby = await standby.finish()
 
 
 # ------------------------------------------------------------------- figures --
@@ -297,6 +318,7 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
     return {
         "system": run.system,
         **({"delivery_workers": run.workers} if run.system == "sokutatsu" else {}),
+        **({"publisher_linger_ms": run.linger_ms} if run.linger_ms is not None else {}),
         "subscribers": run.n,
         "filtered": run.filtered,
         "consumer_processes": run.processes,
@@ -327,6 +349,7 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
         "load_average_1m": {"before": run.load[0], "after": run.load[1]},
         "cpu_steal_percent": run.steal,
         **({"profile": run.profile} if run.profile else {}),
+        **({"profile_standby": run.profile_standby} if run.profile_standby else {}),
     }
 
 
@@ -341,7 +364,7 @@ async def measure(
     profile: tuple[Path, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """Every scenario of every system that answers; ``profile``: (folder, N values) at which the
-    active Sokutatsu broker is recorded with py-spy while the publisher runs."""
+    active Sokutatsu broker and its standby are recorded with py-spy while the publisher runs."""
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     started = time.gmtime()
@@ -353,12 +376,16 @@ async def measure(
             continue
         for n in cfg.counts:
             for filtered in cfg.filters:
-                for workers in cfg.delivery_workers if system == "sokutatsu" else (0,):
-                    extra = f", {workers} delivery workers" if system == "sokutatsu" and workers else ""
+                sokutatsu = system == "sokutatsu"
+                for workers, linger_ms in itertools.product(
+                    cfg.delivery_workers if sokutatsu else (0,), cfg.linger_ms if sokutatsu else (None,)
+                ):
+                    extra = f", {workers} delivery workers" if workers else ""
+                    extra += f", publisher linger {linger_ms:g} ms" if linger_ms is not None else ""
                     say(f"{system}: N={n} {'filtered' if filtered else 'every key'}{extra} ...")
-                    folder = profile[0] if profile and system == "sokutatsu" and n in profile[1] else None
+                    folder = profile[0] if profile and sokutatsu and n in profile[1] else None
                     try:
-                        row = await scenario(system, n, filtered, cfg, folder, workers=workers)
+                        row = await scenario(system, n, filtered, cfg, folder, workers=workers, linger_ms=linger_ms)
                     except Exception as exc:  # noqa: BLE001 - one failing scenario must not hide the others
                         row = {
                             "system": system,
@@ -410,9 +437,13 @@ def _line(row: dict[str, Any]) -> str:
 
 def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per (N, filter): NATS's figures over Sokutatsu's (latency, CPU) and Sokutatsu's over NATS's
-    (deliveries/s), from this one run."""
+    (deliveries/s), from this one run; Sokutatsu as it comes (no delivery workers, the SDK's linger)."""
     found: dict[str, Any] = {}
-    by = {(r["system"], r["subscribers"], r["filtered"]): r for r in rows if "error" not in r}
+    by = {
+        (r["system"], r["subscribers"], r["filtered"]): r
+        for r in rows
+        if "error" not in r and not r.get("delivery_workers") and "publisher_linger_ms" not in r
+    }
     for (system, n, filtered), ours in by.items():
         if system != "sokutatsu":
             continue
@@ -448,6 +479,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> s
     ]
     for r in rows:
         system = r["system"] + (f", {r['delivery_workers']} workers" if r.get("delivery_workers") else "")
+        system += f", linger {r['publisher_linger_ms']:g} ms" if "publisher_linger_ms" in r else ""
         head = f"| {system} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
         if "error" in r:
             lines.append(head + f"| | error: {r['error']} | | | | | | |")

@@ -103,13 +103,20 @@ class _NatsSender:
 
 
 @contextlib.asynccontextmanager
-async def sender(system: str, addresses: Sequence[str]) -> AsyncIterator[KeyedSender]:
+async def sender(system: str, addresses: Sequence[str], linger_ms: float | None = None) -> AsyncIterator[KeyedSender]:
+    """The publisher of ``system``; ``linger_ms``: the Sokutatsu publisher's linger (None: the SDK's default)."""
     if system == "sokutatsu":
         from sokutatsu.client import Publisher  # noqa: PLC0415
+        from sokutatsu.client.publisher import DEFAULT_LINGER  # noqa: PLC0415
         from sokutatsu.core.tls import client_config  # noqa: PLC0415
 
         async with Publisher(
-            list(addresses), "bench-fanout", max_pending=WINDOW, ack_timeout=300, config=client_config()
+            list(addresses),
+            "bench-fanout",
+            max_pending=WINDOW,
+            ack_timeout=300,
+            config=client_config(),
+            linger=DEFAULT_LINGER if linger_ms is None else linger_ms / 1000,
         ) as pub:
             yield _SokutatsuSender(pub)
         return

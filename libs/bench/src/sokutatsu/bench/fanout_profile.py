@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import re
 import shutil
 import sys
@@ -198,25 +199,31 @@ def breakdown_markdown(label: str, path: Path, seconds: float) -> str:
 def write_breakdown(folder: Path, seconds: float, rows: list[dict[str, object]]) -> Path:
     """``breakdown.md`` in ``folder``: one section per profile the run recorded, beside its figures."""
     parts = [
-        "# Where a delivery's time goes: the active broker under `bench fanout`",
+        "# Where a delivery's time goes: the brokers under `bench fanout`",
         "",
-        f"py-spy {RATE}/s with native frames (`--native --threads --format raw`), the active broker of the pair, "
-        "while the publisher ran. Shares are of all samples of the process; a sample belongs to the innermost "
-        "frame that names a category (see `sokutatsu.bench.fanout_profile.CATEGORIES`). py-spy pauses the process "
-        "for each native sample, so the figures of a profiled run are worse than an unprofiled one's.",
+        f"py-spy {RATE}/s with native frames (`--native --threads --format raw`), the active broker of the pair "
+        "and its standby (which stores every message too), while the publisher ran. Shares are of all samples of "
+        "the process; a sample belongs to the innermost frame that names a category (see "
+        "`sokutatsu.bench.fanout_profile.CATEGORIES`). py-spy pauses the process for each native sample, so the "
+        "figures of a profiled run are worse than an unprofiled one's.",
         "",
     ]
-    for row in rows:
-        profile = row.get("profile")
+    for row, (key, which) in itertools.product(rows, (("profile", "the active"), ("profile_standby", "the standby"))):
+        profile = row.get(key)
         if not isinstance(profile, str):
             continue
         label = f"N={row['subscribers']}, {'1/16 of the keys' if row['filtered'] else 'every key'}"
         label += f", {row['delivery_workers']} delivery workers" if row.get("delivery_workers") else ""
+        label += f", publisher linger {row['publisher_linger_ms']:g} ms" if "publisher_linger_ms" in row else ""
         figures = (
             f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s, p50 {row['p50_ms']} / "
             f"p99 {row['p99_ms']} ms, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} ms per 1,000"
         )
-        parts += [breakdown_markdown(label, Path(profile), seconds), f"Figures of this run: {figures}.", ""]
+        parts += [
+            breakdown_markdown(f"{label}: {which}", Path(profile), seconds),
+            f"Figures of this run: {figures}.",
+            "",
+        ]
     path = folder / "breakdown.md"
     path.write_text("\n".join(parts))
     return path
@@ -225,9 +232,10 @@ def write_breakdown(folder: Path, seconds: float, rows: list[dict[str, object]])
 def compress(rows: list[dict[str, object]]) -> None:
     """Each row's folded stacks gzipped in place (a tenth of the size), the row told the new name."""
     for row in rows:
-        profile = row.get("profile")
-        if isinstance(profile, str) and not profile.endswith(".gz"):
-            raw = Path(profile)
-            Path(f"{profile}.gz").write_bytes(gzip.compress(raw.read_bytes()))
-            raw.unlink()
-            row["profile"] = f"{profile}.gz"
+        for key in ("profile", "profile_standby"):
+            profile = row.get(key)
+            if isinstance(profile, str) and not profile.endswith(".gz"):
+                raw = Path(profile)
+                Path(f"{profile}.gz").write_bytes(gzip.compress(raw.read_bytes()))
+                raw.unlink()
+                row[key] = f"{profile}.gz"

@@ -37,6 +37,9 @@ from sokutatsu.client.errors import BufferFull, Closed, Unreachable
 if TYPE_CHECKING:
     from sokutatsu.client._spans import SendSpans
 
+# How long a busy link waits for a fuller frame (seconds; docs/broker.md, Publishing).
+DEFAULT_LINGER = 0.001
+
 
 def default_publisher_id() -> str:
     """Unique per process: host, pid and a random part."""
@@ -55,7 +58,7 @@ class Publisher:
         config: ClientConfig | None = None,
         batch_messages: int = 500,
         batch_bytes: int = 1 * 2**20,
-        linger: float = 0.001,
+        linger: float = DEFAULT_LINGER,
         max_pending: int = 100_000,
         ack_timeout: float = 30.0,
         connect_timeout: float = 10.0,
