@@ -471,6 +471,12 @@ def _div(top: float | None, bottom: float | None) -> float | None:
     return float(f"{ratio:.3g}")
 
 
+def _system_label(r: dict[str, Any]) -> str:
+    """The system of a row, with its delivery workers and publisher linger when set."""
+    system = str(r["system"]) + (f", {r['delivery_workers']} workers" if r.get("delivery_workers") else "")
+    return system + (f", linger {r['publisher_linger_ms']:g} ms" if "publisher_linger_ms" in r else "")
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> str:
     lines = [
         "| system | N | filter | procs | deliveries/s of offered | p50 / p99 / max ms | lost / dup / reord / undeliv "
@@ -478,9 +484,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> s
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        system = r["system"] + (f", {r['delivery_workers']} workers" if r.get("delivery_workers") else "")
-        system += f", linger {r['publisher_linger_ms']:g} ms" if "publisher_linger_ms" in r else ""
-        head = f"| {system} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
+        head = f"| {_system_label(r)} | {r['subscribers']} | {'1/16 keys' if r['filtered'] else 'every key'} "
         if "error" in r:
             lines.append(head + f"| | error: {r['error']} | | | | | | |")
             continue
@@ -509,7 +513,7 @@ def p99_plot(result: dict[str, Any], path: Path) -> Path:
     series: dict[str, list[tuple[int, float]]] = {}
     for r in result["rows"]:
         if r.get("p99_ms") is not None:
-            label = f"{r['system']}, {'1/16 keys' if r['filtered'] else 'every key'}"
+            label = f"{_system_label(r)}, {'1/16 keys' if r['filtered'] else 'every key'}"
             series.setdefault(label, []).append((r["subscribers"], r["p99_ms"]))
     for label, points in series.items():
         xs, ys = zip(*sorted(points), strict=True)
