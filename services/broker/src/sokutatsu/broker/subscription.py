@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,11 @@ class Retention:
             max_bytes=self.max_bytes, max_age_ms=self.max_age_ms, policy=_POLICY_ENUMS[self.policy]
         )
 
+    @functools.cached_property
+    def proto_fields(self) -> Mapping[str, int]:
+        """The fields of :meth:`to_proto`, kept (a proto's keyword arguments take a dict for a message field)."""
+        return {"max_bytes": self.max_bytes, "max_age_ms": self.max_age_ms, "policy": _POLICY_ENUMS[self.policy]}
+
     def within(self, requested: Retention) -> Retention:
         """The limits in force for a subscription that asked for ``requested`` (0 / "" = these)."""
         return Retention(
@@ -75,6 +82,10 @@ class SubscriptionSpec:
     @property
     def filtered(self) -> bool:
         return bool(self.exact_keys or self.prefixes)
+
+    @property
+    def overflow_mode(self) -> broker_pb2.OverflowMode.ValueType:
+        return _MODE_ENUMS[self.mode]
 
     def matches(self, key: str) -> bool:
         if not self.exact_keys and not self.prefixes:
@@ -130,7 +141,7 @@ class SubscriptionSpec:
             topic=self.topic,
             filter=broker_pb2.KeyFilter(exact_keys=sorted(self.exact_keys), prefixes=list(self.prefixes)),
             durable=self.durable,
-            overflow_mode=_MODE_ENUMS[self.mode],
+            overflow_mode=self.overflow_mode,
             memory_budget_bytes=self.budget,
             retention=broker_pb2.Retention(
                 max_bytes=self.retention.max_bytes,
