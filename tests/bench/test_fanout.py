@@ -11,9 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import typer
 
 from sokutatsu.bench import fanout
-from sokutatsu.bench.fanout import FanoutConfig, measure, percentile_of, split
+from sokutatsu.bench.commands import _lingers
+from sokutatsu.bench.fanout import FanoutConfig, measure, percentile_of, ratios, split
 from sokutatsu.bench.fanout_clients import GROUPS, KEYS, expected, group_of, key_of
 from sokutatsu.bench.fanout_consumer import Latencies, Track, bucket_ms, bucket_of
 from sokutatsu.bench.fanout_profile import breakdown_markdown, category
@@ -161,3 +163,43 @@ async def test_each_publisher_linger_is_a_scenario_of_its_own(monkeypatch: pytes
         )
     assert "| sokutatsu | 3 | 1/16 keys |" in result["table"]
     assert "| sokutatsu, linger 5 ms | 3 | 1/16 keys |" in result["table"]
+
+
+def _row(system: str, p50: float, **variant: float) -> dict[str, object]:
+    return {
+        "system": system,
+        "subscribers": 64,
+        "filtered": True,
+        "deliveries_per_s": 8000,
+        "p50_ms": p50,
+        "p99_ms": 4 * p50,
+        "broker_cpu_ms_per_1000_deliveries": 70.0,
+        **variant,
+    }
+
+
+def test_ratios_name_each_sokutatsu_variant_against_each_nats_mode() -> None:
+    rows = [
+        _row("sokutatsu", 1.0, delivery_workers=0),
+        _row("sokutatsu", 1.5, delivery_workers=1),
+        _row("sokutatsu", 3.0, delivery_workers=0, publisher_linger_ms=2.0),
+        {"system": "sokutatsu", "subscribers": 64, "filtered": True, "publisher_linger_ms": 5.0, "error": "boom"},
+        _row("nats-push", 0.5),
+    ]
+    found = ratios(rows)
+    assert sorted(found) == [
+        "64-filtered-1-workers-vs-nats-push",
+        "64-filtered-linger-2-ms-vs-nats-push",
+        "64-filtered-vs-nats-push",
+    ]
+    assert found["64-filtered-vs-nats-push"]["p50_sokutatsu_over_peer"] == 2.0
+    assert found["64-filtered-1-workers-vs-nats-push"]["p50_sokutatsu_over_peer"] == 3.0
+    assert found["64-filtered-linger-2-ms-vs-nats-push"]["p50_sokutatsu_over_peer"] == 6.0
+
+
+def test_linger_values_are_milliseconds_each_given_once() -> None:
+    assert _lingers(None) == (None,)
+    assert _lingers("1,2.5") == (1.0, 2.5)
+    for bad in ("", "1,x", "-1", "1001", "2,2", "nan"):
+        with pytest.raises(typer.BadParameter):
+            _lingers(bad)

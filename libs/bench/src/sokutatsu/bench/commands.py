@@ -319,8 +319,8 @@ def _lingers(linger_ms: str | None) -> tuple[float | None, ...]:
         lingers = tuple(float(ms) for ms in linger_ms.split(","))
     except ValueError:
         raise typer.BadParameter(f"expected milliseconds such as 1,2, got {linger_ms!r}") from None
-    if any(not 0 <= ms <= 1000 for ms in lingers):
-        raise typer.BadParameter(f"expected milliseconds from 0 to 1000 such as 1,2, got {linger_ms!r}")
+    if any(not 0 <= ms <= 1000 for ms in lingers) or len(set(lingers)) < len(lingers):
+        raise typer.BadParameter(f"expected different milliseconds from 0 to 1000 such as 1,2, got {linger_ms!r}")
     return lingers
 
 

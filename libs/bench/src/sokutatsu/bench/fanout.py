@@ -255,9 +255,13 @@ async def _measure(run: Run, where: Servers, cfg: FanoutConfig, profile_dir: Pat
             label = f"{run.system}-{run.n}-{'filtered' if run.filtered else 'every-key'}"
             label += f"-{run.workers}-workers" if run.workers else ""
             label += f"-linger-{run.linger_ms:g}-ms" if run.linger_ms is not None else ""
-            recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
-            if where.standby is not None:
-                standby = await start_recording(where.standby, cfg.seconds, profile_dir / f"{label}-standby.txt")
+            if where.standby is None:
+                recording = await start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt")
+            else:  # started together: both record the same seconds
+                recording, standby = await asyncio.gather(
+                    start_recording(where.active, cfg.seconds, profile_dir / f"{label}.txt"),
+                    start_recording(where.standby, cfg.seconds, profile_dir / f"{label}-standby.txt"),
+                )
         run.published = await publish(run.system, where.addresses, cfg, run.total, run.linger_ms)
         if run.published.sent < run.total:
             run.total = run.published.sent
@@ -389,6 +393,8 @@ async def measure(
                     except Exception as exc:  # noqa: BLE001 - one failing scenario must not hide the others
                         row = {
                             "system": system,
+                            **({"delivery_workers": workers} if sokutatsu else {}),
+                            **({"publisher_linger_ms": linger_ms} if linger_ms is not None else {}),
                             "subscribers": n,
                             "filtered": filtered,
                             "error": f"{type(exc).__name__}: {exc}",
@@ -436,22 +442,22 @@ def _line(row: dict[str, Any]) -> str:
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per (N, filter): NATS's figures over Sokutatsu's (latency, CPU) and Sokutatsu's over NATS's
-    (deliveries/s), from this one run; Sokutatsu as it comes (no delivery workers, the SDK's linger)."""
+    """Per (N, filter) and Sokutatsu variant: Sokutatsu's figures over NATS's, from this one run.
+    The label names the variant when it is not Sokutatsu as it comes: ``64-filtered-1-workers-vs-nats-push``,
+    ``64-filtered-linger-2-ms-vs-nats-push``."""
     found: dict[str, Any] = {}
-    by = {
-        (r["system"], r["subscribers"], r["filtered"]): r
-        for r in rows
-        if "error" not in r and not r.get("delivery_workers") and "publisher_linger_ms" not in r
-    }
-    for (system, n, filtered), ours in by.items():
-        if system != "sokutatsu":
+    peers = {(r["system"], r["subscribers"], r["filtered"]): r for r in rows if "error" not in r}
+    for ours in rows:
+        if ours["system"] != "sokutatsu" or "error" in ours:
             continue
+        n, filtered = ours["subscribers"], ours["filtered"]
+        variant = f"-{ours['delivery_workers']}-workers" if ours.get("delivery_workers") else ""
+        variant += f"-linger-{ours['publisher_linger_ms']:g}-ms" if "publisher_linger_ms" in ours else ""
         for peer in ("nats-push", "nats-pull"):
-            theirs = by.get((peer, n, filtered))
+            theirs = peers.get((peer, n, filtered))
             if theirs is None:
                 continue
-            label = f"{n}-{'filtered' if filtered else 'every-key'}-vs-{peer}"
+            label = f"{n}-{'filtered' if filtered else 'every-key'}{variant}-vs-{peer}"
             found[label] = {
                 "deliveries_per_s_sokutatsu_over_peer": _div(ours["deliveries_per_s"], theirs["deliveries_per_s"]),
                 "p50_sokutatsu_over_peer": _div(ours["p50_ms"], theirs["p50_ms"]),
