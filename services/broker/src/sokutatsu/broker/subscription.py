@@ -43,7 +43,10 @@ class Retention:
 
     @functools.cached_property
     def proto_fields(self) -> Mapping[str, int]:
-        """The fields of :meth:`to_proto`, kept (a proto's keyword arguments take a dict for a message field)."""
+        """The fields of :meth:`to_proto`, made once: ``Broker.stats`` passes them for a message field.
+
+        One dict shared by every caller, so nobody may write to it (a ``MappingProxyType`` would say
+        so, but a proto's keyword arguments take only a real dict for a message field)."""
         return {"max_bytes": self.max_bytes, "max_age_ms": self.max_age_ms, "policy": _POLICY_ENUMS[self.policy]}
 
     def within(self, requested: Retention) -> Retention:
