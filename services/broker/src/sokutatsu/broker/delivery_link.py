@@ -8,7 +8,8 @@ the broker's limits count the stream for, JSON) when a client opens a SubscribeM
 (the client is done writing); ``CANCEL`` (the client's stream is gone); ``WRITTEN`` (``COUNT``: how
 many of the stream's bytes it has written to the client since its last ``WRITTEN``). What the core
 sends: ``DATA`` (the bytes of ``SubscribeManyResponse`` frames, written to the client as they are),
-``END`` (the stream's status, JSON: the worker ends the client's stream with it) and ``TAKEN``
+``END`` (the stream's status, JSON: the worker ends the client's stream with it; also the answer to
+every ``CANCEL``, which the worker waits for, at most ``CANCEL_ANSWER_SECONDS``) and ``TAKEN``
 (``COUNT``: how many of the stream's request bytes its ManyStream has taken since the last ``TAKEN``).
 
 Flow control per stream, in both directions, as gRPC's own holds a stream the core serves itself:
@@ -81,8 +82,6 @@ class Link(asyncio.Protocol):
         # Frames sent and the writes they went out in (BrokerStats.delivery_workers).
         self.frames_sent = 0
         self.writes = 0
-        # False only to measure what coalescing saves: each frame is then written at once.
-        self.coalesce = True
 
     # ----------------------------------------------------------- to override --
     def frame(self, kind: int, stream: int, payload: bytes) -> None:
@@ -142,9 +141,7 @@ class Link(asyncio.Protocol):
         self._out.append(HEADER.pack(len(payload), stream, kind))
         self._out.append(payload)
         self.frames_sent += 1
-        if not self.coalesce:
-            self._flush()
-        elif not self._flush_due:
+        if not self._flush_due:
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)
 

@@ -96,9 +96,10 @@ class Status(SokutatsuError):
 
 
 class ClientStream:
-    """One client stream: what the broker sent and the worker has not written yet (``held`` bytes),
-    the bytes written since the last ``WRITTEN``, the request bytes relayed and not reported ``TAKEN``
-    (``untaken``); ``room`` is set whenever the worker may relay more of the client's frames."""
+    """One client stream: what the broker sent and the worker has not yet taken to write (``held``
+    bytes; the response being written is no longer counted), the bytes written since the last
+    ``WRITTEN``, the request bytes relayed and not reported ``TAKEN`` (``untaken``); ``room`` is set
+    after each ``TAKEN`` and each write, when there may be room again (the relay checks)."""
 
     __slots__ = ("end", "held", "out", "room", "untaken", "wake", "written")
 
@@ -333,7 +334,8 @@ def main() -> NoReturn:
 
 
 def _tidy(link: Path, broker_pid: int) -> None:
-    """A broker that died (kill -9) left its link's socket and private folder: its last worker removes them."""
+    """A broker that died (kill -9) left its link's socket and private folder: the first of its workers to
+    exit removes them (the folder only once empty)."""
     if broker_pid and os.getppid() != broker_pid:
         with contextlib.suppress(OSError):
             link.unlink(missing_ok=True)

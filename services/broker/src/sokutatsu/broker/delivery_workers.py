@@ -90,7 +90,7 @@ class Relayed:
 
     def __init__(self) -> None:
         self.requests: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None]  # set by CoreLink._open as the stream is made
         self.unwritten = 0
         self.room = asyncio.Event()
         # Request bytes the ManyStream took since the last TAKEN.
@@ -138,7 +138,7 @@ class CoreLink(Link):
                 relayed.requests.put_nowait(None)
         elif kind == CANCEL:
             relayed = self.streams.get(stream)
-            if relayed is not None and relayed.task is not None:
+            if relayed is not None:
                 relayed.task.cancel()
         elif kind == HELLO:
             hello = json.loads(payload)
@@ -148,8 +148,7 @@ class CoreLink(Link):
     def lost(self) -> None:
         """End every stream of the link: each ManyStream detaches its lanes (once) as it unwinds."""
         for relayed in list(self.streams.values()):
-            if relayed.task is not None:
-                relayed.task.cancel()
+            relayed.task.cancel()
         self.workers.gone(self)
 
     def _open(self, stream: int, who: dict[str, Any] | None) -> None:
