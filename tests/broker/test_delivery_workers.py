@@ -234,6 +234,43 @@ async def test_a_worker_checks_each_frame_s_auth_and_the_core_counts_the_princip
         reader.call.cancel()
 
 
+async def test_a_frame_the_worker_refuses_ends_the_client_s_stream_only_after_the_core_released_it(
+    broker_factory: Callable[..., BrokerProcess], auth_file: AuthFile
+) -> None:
+    """A frame auth refuses on a worker ends the client's stream as any other end of it does: the
+    core releases what the stream counted for the principal first. Before, the auth interceptor's
+    ``abort`` sent the client the status at once, so a client that opened another stream right away
+    could be refused for the one that had ended (a fresh-clone CI run, under load: RESOURCE_EXHAUSTED).
+    Here the core is stopped (SIGSTOP) when the frame is refused: the client's stream stays open until
+    the core runs again, then ends PERMISSION_DENIED, and the next stream of the principal is served."""
+    broker = broker_factory(delivery_workers="1", max_streams_per_client="2")
+    broker.env.update(auth_file.env("svc"))
+    broker.start()
+    assert broker.process is not None
+    app = auth_file.metadata("app")
+    worker = await moved_to(broker.address, app)
+    async with aio.insecure_channel(worker) as channel:
+        reader = ManyReader(start_many(channel, app))
+        await reader.send(many_open(1, "app-1", "t.x", 10))
+        await reader.until(lambda: "subscribed" in reader.kinds(1))  # the core counts this stream for app
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        try:
+            await reader.send(many_open(2, "app-2", "u.x", 10))  # no grant on u.*: refused by the worker
+            await asyncio.sleep(0.5)  # well within the worker's wait for the core (CANCEL_ANSWER_SECONDS)
+            assert not reader.call.done(), "the client's stream ended before the core released it"
+        finally:
+            os.kill(broker.process.pid, signal.SIGCONT)
+        with pytest.raises(aio.AioRpcError) as error:
+            await asyncio.wait_for(reader.until(lambda: False), 30)  # a hang guard, not a measure
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    async with aio.insecure_channel(worker) as channel:
+        reader = ManyReader(start_many(channel, app))
+        await reader.send(many_open(1, "app-3", "t.x", 10))
+        await reader.until(lambda: bool(reader.kinds(1)))
+        assert reader.kinds(1) == ["subscribed"], [e.ended for e in reader.events[1]]
+        reader.call.cancel()
+
+
 async def _workers_as(address: str, metadata: tuple[tuple[str, str], ...]) -> list[broker_pb2.DeliveryWorkerStats]:
     async with aio.insecure_channel(address) as channel:
         reply = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(

@@ -25,7 +25,7 @@ from grpc import aio
 
 from sokutatsu.core.auth import ADMIN, FILE_VAR, TOKEN_VAR, Policy, Principal
 from sokutatsu.core.auth_rules import RULES, Check, Rule, is_open
-from sokutatsu.core.errors import echo
+from sokutatsu.core.errors import PermissionDenied, echo
 from sokutatsu.core.interceptors import Undecodable, rewrap
 from sokutatsu.core.request_budget import Oversize
 
@@ -74,7 +74,13 @@ class AuthInterceptor(aio.ServerInterceptor):
 
     # ----------------------------------------------------------- decisions --
 
-    async def _refuse(self, context: _Context, code: grpc.StatusCode, who: str, method: str, message: str) -> NoReturn:
+    async def _refuse(
+        self, context: _Context, code: grpc.StatusCode, who: str, method: str, message: str, *, in_stream: bool = False
+    ) -> NoReturn:
+        """Count and log the refusal, then end the call with it. ``in_stream``: a frame of a request
+        stream, refused as the servicer reads it: raised to the servicer (``PermissionDenied``), which
+        ends its stream as it ends it for any error, its own clean-up first (a delivery worker tells the
+        broker before its client sees the end), rather than sent to the client at once by ``abort``."""
         self.violations[code.name] += 1
         key = (who, method)
         if key not in self._logged and len(self._logged) < LOGGED_LIMIT:
@@ -87,6 +93,8 @@ class AuthInterceptor(aio.ServerInterceptor):
                 message,
                 self.refusals(),
             )
+        if in_stream:
+            raise PermissionDenied(message)
         await context.abort(code, message)
 
     async def authenticate(self, context: _Context, method: str) -> Principal:
@@ -111,7 +119,9 @@ class AuthInterceptor(aio.ServerInterceptor):
             MISSING.format(token=TOKEN_VAR, file=FILE_VAR),
         )
 
-    async def check(self, context: _Context, principal: Principal, method: str, rule: Rule, want: Check) -> None:
+    async def check(
+        self, context: _Context, principal: Principal, method: str, rule: Rule, want: Check, *, in_stream: bool = False
+    ) -> None:
         permission, resource, subscriber = want
         if rule.admin_too and principal.may(ADMIN):
             return
@@ -124,6 +134,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                 method,
                 f"principal {principal.name!r} has no {permission!r} permission{target} "
                 f"(grants are in the server's {FILE_VAR})",
+                in_stream=in_stream,
             )
         if subscriber is not None and not principal.owns(subscriber):
             await self._refuse(
@@ -133,6 +144,7 @@ class AuthInterceptor(aio.ServerInterceptor):
                 method,
                 f"subscriber id {echo(subscriber)} does not belong to principal {principal.name!r}: its subscriber ids "
                 f"are its name or start with one of its subscriber_prefixes {list(principal.subscriber_prefixes)}",
+                in_stream=in_stream,
             )
 
     async def admit(self, request: Any, context: _Context, method: str) -> Principal:
@@ -164,7 +176,7 @@ class AuthInterceptor(aio.ServerInterceptor):
         async for frame in requests:
             for want in checker(frame) if checker is not None else ():
                 if want not in allowed:
-                    await self.check(context, principal, method, rule, want)
+                    await self.check(context, principal, method, rule, want, in_stream=True)
                     if len(allowed) < LOGGED_LIMIT:
                         allowed.add(want)
             yield frame

@@ -60,6 +60,12 @@ class Unavailable(SokutatsuError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class PermissionDenied(SokutatsuError):
+    """The caller may not do this (a frame of a stream its grants do not cover)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Unimplemented(SokutatsuError):
     """The RPC exists in the API but this build does not serve it yet."""
 
