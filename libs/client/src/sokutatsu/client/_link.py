@@ -1,9 +1,16 @@
 """One publish stream per broker of the pair: batching, acknowledgements and go-back-N.
 
-A :class:`BrokerLink` sends the accumulator's messages to its broker in frames (a frame when
-``batch_messages`` or ``batch_bytes`` are ready; a link that sent a frame less than ``linger``
-seconds ago waits up to that long for a fuller one, an idle link sends at once) and reports
-what the broker acknowledges.
+A :class:`BrokerLink` sends the accumulator's messages to its broker in frames and reports what
+the broker acknowledges. A frame leaves when ``batch_messages`` or ``batch_bytes`` are ready;
+short of that:
+
+* a link that sent a frame less than ``linger`` seconds ago waits up to that long for a fuller
+  one (an idle link sends at once);
+* a link with ``max_in_flight`` frames its broker has not acknowledged waits for an
+  acknowledgement (0: no such limit). The broker's own pace sets the frames: while it keeps up,
+  its acknowledgement is back within the linger and nothing changes; while it is busy, the
+  messages that arrive meanwhile go in one frame, and each frame's fixed cost (a gRPC read, an
+  acknowledgement, the delivery frames it wakes) is paid once for all of them.
 
 * A stream that breaks is opened again with jittered exponential backoff; the broker says
   which number it last holds and the rest is sent again, so retries never duplicate (the
@@ -17,6 +24,7 @@ what the broker acknowledges.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -63,6 +71,7 @@ class Batching:
     batch_messages: int
     batch_bytes: int
     linger: float
+    max_in_flight: int
 
 
 @dataclass
@@ -72,6 +81,8 @@ class Counters:
     dropped: int = 0
     duplicates: int = 0
     refused: int = 0
+    # Publish frames written, over every link (not from the brokers).
+    frames: int = 0
 
 
 class BrokerLink:
@@ -114,6 +125,8 @@ class BrokerLink:
         self.reconnect_now = asyncio.Event()
         # While the stream is being opened: the first number it may need (PublishOpen.first_unacked_seq).
         self.opening_from = 0
+        # The last number of each frame written on this stream and not yet acknowledged, in order.
+        self.in_flight: collections.deque[int] = collections.deque()
 
     def fail(self, error: Exception) -> None:
         """The publisher fails for good; ``start()`` stops waiting for the links."""
@@ -189,6 +202,7 @@ class BrokerLink:
                 self.connected = True
             finally:
                 self.opening_from = 0
+            self.in_flight.clear()
             self.opened.set()
             backoff.reset()
             self.advance()
@@ -233,28 +247,42 @@ class BrokerLink:
                 lingered = True
                 await asyncio.sleep(batching.linger)
                 continue
+            if ready < batch_messages and 0 < batching.max_in_flight <= len(self.in_flight):
+                # The broker has not acknowledged what is out: what arrives meanwhile waits for
+                # one frame (woken by the acknowledgement, or by a publish that fills it).
+                await self.wake.wait()
+                continue
             lingered = False
             spans = self.spans
-            topic = pending[index].topic
-            elements: list[bytes] = []
-            size = 0
-            end = min(len(pending), index + batch_messages)
-            i = index
-            while i < end and size < batching.batch_bytes:
-                item = pending[i]
-                if item.topic != topic:
-                    break
-                elements.append(item.element)
-                size += item.size
-                i += 1
-            last_seq = pending[i - 1].seq
+            topic, elements, last_seq = self._frame_at(index, batch_messages)
             rewinds = self.rewinds
             self.last_send = loop.time()
+            # Counted before the write: its acknowledgement may arrive before the write returns.
+            self.in_flight.append(last_seq)
+            self.counters.frames += 1
             await write_frame(call, batch_frame(topic, elements))
             if spans is not None:
                 spans.written(last_seq)
             if self.rewinds == rewinds:  # no refusal sent us back meanwhile
                 self.sent_through = last_seq
+
+    def _frame_at(self, index: int, batch_messages: int) -> tuple[str, list[bytes], int]:
+        """The next frame from ``pending[index]``: its topic, messages and last number (one topic
+        per frame, at most ``batch_messages`` messages, ``batch_bytes`` passed by at most one)."""
+        pending = self.accumulator.pending
+        topic = pending[index].topic
+        elements: list[bytes] = []
+        size = 0
+        end = min(len(pending), index + batch_messages)
+        i = index
+        while i < end and size < self.batching.batch_bytes:
+            item = pending[i]
+            if item.topic != topic:
+                break
+            elements.append(item.element)
+            size += item.size
+            i += 1
+        return topic, elements, pending[i - 1].seq
 
     async def _receive_loop(self, call: _PublishCall) -> None:
         loop = asyncio.get_running_loop()
@@ -271,6 +299,11 @@ class BrokerLink:
             counters.dropped += ack.dropped
             counters.duplicates += ack.duplicates
             self.acked_through = max(self.acked_through, ack.acked_through_seq)
+            in_flight = self.in_flight
+            while in_flight and in_flight[0] <= self.acked_through:
+                in_flight.popleft()
+            if len(in_flight) < self.batching.max_in_flight:
+                self.wake.set()
             if self.single_copy and not ack.single_copy:
                 # Its peer is back: acknowledgements now wait for that broker's copy too, so a
                 # link to it waiting out a reconnect delay tries at once.
@@ -289,6 +322,7 @@ class BrokerLink:
                 # Go back to the first refused message and try again after a pause.
                 self.sent_through = max(self.acked_through, min(self.sent_through, rejection.first_seq - 1))
                 self.rewinds += 1
+                self.in_flight.clear()  # what was out after the refusal is sent again
                 self.resume_at = loop.time() + backoff.next_delay()
                 self.wake.set()
             else:

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 # How long a busy link waits for a fuller frame (seconds; docs/broker.md, Publishing).
 DEFAULT_LINGER = 0.001
+# Frames a link has unacknowledged before it holds a frame that is not full (docs/broker.md, Publishing).
+DEFAULT_MAX_IN_FLIGHT = 1
 
 
 def default_publisher_id() -> str:
@@ -59,6 +61,7 @@ class Publisher:
         batch_messages: int = 500,
         batch_bytes: int = 1 * 2**20,
         linger: float = DEFAULT_LINGER,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_pending: int = 100_000,
         ack_timeout: float = 30.0,
         connect_timeout: float = 10.0,
@@ -66,13 +69,15 @@ class Publisher:
         addresses = [brokers] if isinstance(brokers, str) else list(brokers)
         if not addresses:
             raise ValueError("give at least one broker address (host:port)")
+        if max_in_flight < 0:
+            raise ValueError("max_in_flight must be 0 (no limit) or more")
         self.publisher_id = publisher_id or default_publisher_id()
         self.config = config or ClientConfig()
         self.connect_timeout = connect_timeout
         self._publisher_field = publisher_field(self.publisher_id)
         self._accumulator = Accumulator(max_pending, ack_timeout)
         self._counters = Counters()
-        batching = Batching(batch_messages, batch_bytes, linger)
+        batching = Batching(batch_messages, batch_bytes, linger, max_in_flight)
         self._links = [
             BrokerLink(a, self.publisher_id, self.config, batching, self._accumulator, self._counters)
             for a in addresses
@@ -177,6 +182,11 @@ class Publisher:
     def duplicates(self) -> int:
         """Messages the brokers already held when they arrived again (after a reconnect)."""
         return self._counters.duplicates
+
+    @property
+    def frames(self) -> int:
+        """Publish frames written to the brokers (each broker's stream counts its own)."""
+        return self._counters.frames
 
     @property
     def refused(self) -> int:
