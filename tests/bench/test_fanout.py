@@ -138,6 +138,9 @@ async def test_a_tiny_run_on_sokutatsu_has_every_figure_and_loses_nothing(monkey
         assert row["consumer_processes"] == 2
         assert row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] * 1.01
         assert set(row["broker_cpu_seconds"]) == {"broker-a", "broker-b"}
+        # The SDK's frames on each broker's stream: at least one, at most one per message.
+        assert 1 <= row["publish_frames_per_s_per_link"] <= row["publish_acked_msgs_per_s"]
+        assert "frames/s" in result["table"]
     every, filtered = result["rows"]
     assert every["deliveries"] == every["offered_deliveries"] == 3 * published
     # Three subscribers on groups 0, 1 and 2: each gets its own group's messages.

@@ -146,6 +146,7 @@ class Published:
     handed_ns: int = 0  # the last message handed over
     sent: int = 0
     acked_ns: int = 0  # every message acknowledged
+    frames_per_link: float | None = None  # publish frames written on each broker's stream (Sokutatsu)
 
 
 async def publish(
@@ -171,6 +172,8 @@ async def publish(
         out.sent = sent
         await send.flush()
         out.acked_ns = time.time_ns()
+        frames = send.frames
+        out.frames_per_link = None if frames is None else frames / len(addresses)
     return out
 
 
@@ -340,6 +343,12 @@ def figures(run: Run, cfg: FanoutConfig) -> dict[str, Any]:
         "complete": counts["lost"] == counts["undelivered"] == counts["duplicates"] == counts["reordered"] == 0,
         "publish_msgs_per_s": _rate(run.total, run.published.start_ns, run.published.handed_ns),
         "publish_acked_msgs_per_s": _rate(run.total, run.published.start_ns, run.published.acked_ns),
+        # Frames per second on each broker's publish stream (the SDK's links; not known for NATS).
+        "publish_frames_per_s_per_link": (
+            None
+            if run.published.frames_per_link is None
+            else _rate(round(run.published.frames_per_link), run.published.start_ns, run.published.acked_ns)
+        ),
         "publisher_held_below_rate": _rate(run.total, run.published.start_ns, run.published.handed_ns)
         < 0.95 * cfg.rate,
         "seconds_to_last_delivery": round(seconds, 3),
@@ -436,8 +445,9 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['deliveries_per_s']:,} of {row['offered_deliveries_per_s']:,} deliveries/s "
         f"({row['delivered_percent_of_offered']} %), p50 {row['p50_ms']} p99 {row['p99_ms']} max {row['max_ms']} ms, "
         f"lost {row['lost']} dup {row['duplicates']} undelivered {row['undelivered']}, "
-        f"publisher {row['publish_msgs_per_s']:,} msgs/s, broker CPU {row['broker_cpu_ms_per_1000_deliveries']} "
-        f"ms/1000{split_cpu}, load {row['load_average_1m']['before']}"
+        f"publisher {row['publish_msgs_per_s']:,} msgs/s{_frames(row)}, "
+        f"broker CPU {row['broker_cpu_ms_per_1000_deliveries']} ms/1000{split_cpu}, "
+        f"load {row['load_average_1m']['before']}"
     )
 
 
@@ -483,6 +493,11 @@ def _system_label(r: dict[str, Any]) -> str:
     return system + (f", linger {r['publisher_linger_ms']:g} ms" if "publisher_linger_ms" in r else "")
 
 
+def _frames(row: dict[str, Any]) -> str:
+    frames = row.get("publish_frames_per_s_per_link")
+    return "" if frames is None else f" in {frames:,} frames/s"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> str:
     lines = [
         "| system | N | filter | procs | deliveries/s of offered | p50 / p99 / max ms | lost / dup / reord / undeliv "
@@ -501,7 +516,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], skipped: dict[str, str]) -> s
             f"| {r['deliveries_per_s']:,} of {r['offered_deliveries_per_s']:,} ({r['delivered_percent_of_offered']} %) "
             f"| {r['p50_ms']} / {r['p99_ms']} / {r['max_ms']} "
             f"| {r['lost']} / {r['duplicates']} / {r['reordered']} / {r['undelivered']} "
-            f"| {r['publish_msgs_per_s']:,} | {r['broker_cpu_ms_per_1000_deliveries']} "
+            f"| {r['publish_msgs_per_s']:,}{_frames(r)} | {r['broker_cpu_ms_per_1000_deliveries']} "
             f"({r['active_cpu_ms_per_1000_deliveries']}) | {split_cpu} | {r['load_average_1m']['before']} |"
         )
     lines.extend(f"| {system} | skipped: {why} | | | | | | | | | |" for system, why in skipped.items())

@@ -69,6 +69,10 @@ class KeyedSender(Protocol):
     async def flush(self) -> None:
         """Wait until every message handed over is acknowledged."""
 
+    @property
+    def frames(self) -> int | None:
+        """Publish frames written so far, over every broker link (None: not known)."""
+
 
 @dataclass
 class _SokutatsuSender:
@@ -79,6 +83,10 @@ class _SokutatsuSender:
 
     async def flush(self) -> None:
         await self.pub.flush()
+
+    @property
+    def frames(self) -> int | None:
+        return int(self.pub.frames)
 
 
 class _NatsSender:
@@ -100,6 +108,10 @@ class _NatsSender:
         await self.js.publish_async_completed()
         if self.failure is not None:
             raise self.failure
+
+    @property
+    def frames(self) -> int | None:
+        return None  # nats-py writes what its flusher has buffered; not counted here
 
 
 @contextlib.asynccontextmanager
