@@ -29,7 +29,8 @@ async def test_what_is_published_while_the_broker_has_not_acknowledged_a_frame_g
     assert DEFAULT_MAX_IN_FLIGHT == 1
     async with Subscriber(broker.address, "reader", TOPIC, durable=True) as sub:
         await asyncio.wait_for(sub.connected.wait(), 30)
-        async with Publisher(broker.address, "paced", linger=0.001, ack_timeout=60) as pub:
+        # max_hold far beyond the test: only the acknowledgement can let the held messages go.
+        async with Publisher(broker.address, "paced", linger=0.001, max_hold=300, ack_timeout=60) as pub:
             pub.publish_nowait(TOPIC, "K", b"1")
             await pub.flush()
             assert pub.frames == 1
@@ -59,6 +60,54 @@ async def test_what_is_published_while_the_broker_has_not_acknowledged_a_frame_g
     assert seqs == list(range(1, HELD + 3))
 
 
-def test_max_in_flight_below_zero_is_refused() -> None:
+async def _one_frame_out_unacknowledged(broker: BrokerProcess, pub: Publisher) -> None:
+    """Message 1 acknowledged, then the broker stopped and message 2's frame written to it."""
+    pub.publish_nowait(TOPIC, "K", b"1")
+    await pub.flush()
+    broker.freeze()
+    await asyncio.sleep(0.01)  # past the linger: the next message leaves at once
+    pub.publish_nowait(TOPIC, "K", b"2")
+    await _until_frames(pub, 2)
+
+
+async def _until_frames(pub: Publisher, frames: int) -> None:
+    async def written() -> bool:
+        return pub.frames >= frames
+
+    await until(written, f"{frames} frames written", 30)
+
+
+async def test_a_held_message_leaves_after_max_hold_when_no_acknowledgement_comes(broker: BrokerProcess) -> None:
+    """A stopped broker (or one whose acknowledgements wait for a disk) holds nothing back for longer
+    than ``max_hold``: message 3 leaves while the broker is still stopped."""
+    async with Publisher(broker.address, "held", ack_timeout=60) as pub:
+        try:
+            await _one_frame_out_unacknowledged(broker, pub)
+            pub.publish_nowait(TOPIC, "K", b"3")
+            await _until_frames(pub, 3)
+        finally:
+            broker.thaw()
+        await pub.flush()
+
+
+async def test_a_frame_that_ends_at_a_change_of_topic_is_not_held(broker: BrokerProcess) -> None:
+    """Waiting cannot make a frame fuller once the next message is for another topic: it leaves at
+    once although a frame is unacknowledged (held, messages interleaving two topics would go one per
+    acknowledgement)."""
+    async with Publisher(broker.address, "two-topics", max_hold=300, ack_timeout=60) as pub:
+        try:
+            await _one_frame_out_unacknowledged(broker, pub)
+            pub.publish_nowait(TOPIC, "K", b"3")
+            pub.publish_nowait(f"{TOPIC}.other", "K", b"4")
+            await _until_frames(pub, 3)  # message 3's frame; message 4's is held
+        finally:
+            broker.thaw()
+        await pub.flush()
+        assert pub.frames == 4
+
+
+def test_max_in_flight_or_max_hold_below_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
         Publisher("127.0.0.1:1", max_in_flight=-1)
+    with pytest.raises(ValueError, match="max_hold"):
+        Publisher("127.0.0.1:1", max_hold=-0.001)

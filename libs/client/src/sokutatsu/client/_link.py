@@ -7,10 +7,16 @@ short of that:
 * a link that sent a frame less than ``linger`` seconds ago waits up to that long for a fuller
   one (an idle link sends at once);
 * a link with ``max_in_flight`` frames its broker has not acknowledged waits for an
-  acknowledgement (0: no such limit). The broker's own pace sets the frames: while it keeps up,
-  its acknowledgement is back within the linger and nothing changes; while it is busy, the
-  messages that arrive meanwhile go in one frame, and each frame's fixed cost (a gRPC read, an
-  acknowledgement, the delivery frames it wakes) is paid once for all of them.
+  acknowledgement, at most ``max_hold`` seconds (``max_in_flight`` 0: no such wait). The broker's
+  own pace sets the frames: while it keeps up, its acknowledgement is back within the linger and
+  nothing changes; while it is busy, the messages that arrive meanwhile go in one frame, and each
+  frame's fixed cost (a gRPC read, an acknowledgement, the delivery frames it wakes) is paid once
+  for all of them. ``max_hold`` bounds what a message waits when acknowledgements are slow for
+  another reason (a broker that acknowledges once a spilled queue's write is on disk, one that is
+  stopped).
+
+A frame is full when it ends at ``batch_messages``, ``batch_bytes`` or a change of topic: such a
+frame leaves at once, since waiting cannot make it fuller.
 
 * A stream that breaks is opened again with jittered exponential backoff; the broker says
   which number it last holds and the rest is sent again, so retries never duplicate (the
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
-from sokutatsu.client._accumulator import Accumulator
+from sokutatsu.client._accumulator import Accumulator, Pending
 from sokutatsu.client._retry import Backoff, StreamEnded, raise_status, reconnectable, write_frame
 from sokutatsu.client._wire import batch_frame
 from sokutatsu.client.config import ClientConfig
@@ -72,6 +78,7 @@ class Batching:
     batch_bytes: int
     linger: float
     max_in_flight: int
+    max_hold: float
 
 
 @dataclass
@@ -127,6 +134,9 @@ class BrokerLink:
         self.opening_from = 0
         # The last number of each frame written on this stream and not yet acknowledged, in order.
         self.in_flight: collections.deque[int] = collections.deque()
+        # While a frame that is not full waits for an acknowledgement: the timer ending the wait.
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_expired = False
 
     def fail(self, error: Exception) -> None:
         """The publisher fails for good; ``start()`` stops waiting for the links."""
@@ -215,74 +225,93 @@ class BrokerLink:
         accumulator = self.accumulator
         batching = self.batching
         lingered = False
-        while True:
-            self.wake.clear()
-            wait = self.resume_at - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            pending = accumulator.pending
-            index = accumulator.unsent_index(self.sent_through)
-            if index is None:
-                # Fell more than max_pending behind: the stream is opened again and continues after
-                # what is acknowledged.
-                raise StreamEnded
-            ready = len(pending) - index
-            if ready <= 0:
+        try:
+            while True:
+                self.wake.clear()
+                wait = self.resume_at - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                pending = accumulator.pending
+                index = accumulator.unsent_index(self.sent_through)
+                if index is None:
+                    # Fell more than max_pending behind: the stream is opened again and continues
+                    # after what is acknowledged.
+                    raise StreamEnded
+                if index >= len(pending):
+                    lingered = False
+                    await self.wake.wait()
+                    continue
+                # Within the broker's limit (SOKUTATSU_BROKER_MAX_BATCH_MESSAGES) whatever batch_messages says.
+                most = min(batching.batch_messages, self.max_batch) if self.max_batch else batching.batch_messages
+                end, full = self._frame_end(index, most)
+                if not full and not lingered and loop.time() - self.last_send < batching.linger:
+                    # Adaptive batching: a link that wrote a frame less than `linger` ago is
+                    # busy, so give the application a moment to fill this one; an idle link
+                    # sends at once (lowest latency). Indexes are recomputed afterwards:
+                    # acknowledgements may have compacted the list.
+                    lingered = True
+                    await asyncio.sleep(batching.linger)
+                    continue
+                if not full and self._hold(loop):
+                    await self.wake.wait()
+                    continue
+                self._end_hold()
                 lingered = False
-                await self.wake.wait()
-                continue
-            # Within the broker's limit (SOKUTATSU_BROKER_MAX_BATCH_MESSAGES) whatever batch_messages says.
-            batch_messages = min(batching.batch_messages, self.max_batch) if self.max_batch else batching.batch_messages
-            if (
-                ready < batch_messages
-                and batching.linger > 0
-                and not lingered
-                and loop.time() - self.last_send < batching.linger
-            ):
-                # Adaptive batching: a link that wrote a frame less than `linger` ago is
-                # busy, so give the application a moment to fill this one; an idle link
-                # sends at once (lowest latency). Indexes are recomputed afterwards:
-                # acknowledgements may have compacted the list.
-                lingered = True
-                await asyncio.sleep(batching.linger)
-                continue
-            if ready < batch_messages and 0 < batching.max_in_flight <= len(self.in_flight):
-                # The broker has not acknowledged what is out: what arrives meanwhile waits for
-                # one frame (woken by the acknowledgement, or by a publish that fills it).
-                await self.wake.wait()
-                continue
-            lingered = False
-            spans = self.spans
-            topic, elements, last_seq = self._frame_at(index, batch_messages)
-            rewinds = self.rewinds
-            self.last_send = loop.time()
-            # Counted before the write: its acknowledgement may arrive before the write returns.
-            self.in_flight.append(last_seq)
-            self.counters.frames += 1
-            await write_frame(call, batch_frame(topic, elements))
-            if spans is not None:
-                spans.written(last_seq)
-            if self.rewinds == rewinds:  # no refusal sent us back meanwhile
-                self.sent_through = last_seq
+                await self._write(call, pending[index:end])
+        finally:
+            self._end_hold()
 
-    def _frame_at(self, index: int, batch_messages: int) -> tuple[str, list[bytes], int]:
-        """The next frame from ``pending[index]``: its topic, messages and last number (one topic
-        per frame, at most ``batch_messages`` messages, ``batch_bytes`` passed by at most one)."""
+    def _hold(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a frame that is not full waits: ``max_in_flight`` frames are unacknowledged and
+        it has not waited ``max_hold`` yet (an acknowledgement, a publish or the timer wakes it)."""
+        limit = self.batching.max_in_flight
+        if not 0 < limit <= len(self.in_flight):
+            return False
+        if self._hold_timer is None:
+            self._hold_expired = False
+            self._hold_timer = loop.call_later(self.batching.max_hold, self._hold_over)
+        return not self._hold_expired
+
+    def _hold_over(self) -> None:
+        self._hold_expired = True
+        self.wake.set()
+
+    def _end_hold(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+
+    def _frame_end(self, index: int, most: int) -> tuple[int, bool]:
+        """Where the frame from ``pending[index]`` ends (one topic, at most ``most`` messages,
+        ``batch_bytes`` passed by at most one message), and whether it is full: ended by one of
+        those rather than by the last message ready, so that waiting cannot make it fuller."""
         pending = self.accumulator.pending
         topic = pending[index].topic
-        elements: list[bytes] = []
+        batch_bytes = self.batching.batch_bytes
+        stop = min(len(pending), index + most)
         size = 0
-        end = min(len(pending), index + batch_messages)
         i = index
-        while i < end and size < self.batching.batch_bytes:
+        while i < stop and size < batch_bytes:
             item = pending[i]
             if item.topic != topic:
-                break
-            elements.append(item.element)
+                return i, True
             size += item.size
             i += 1
-        return topic, elements, pending[i - 1].seq
+        return i, i < len(pending) or i - index >= most or size >= batch_bytes
+
+    async def _write(self, call: _PublishCall, frame: list[Pending]) -> None:
+        last_seq = frame[-1].seq
+        rewinds = self.rewinds
+        self.last_send = asyncio.get_running_loop().time()
+        # Counted before the write: its acknowledgement may arrive before the write returns.
+        self.in_flight.append(last_seq)
+        self.counters.frames += 1
+        await write_frame(call, batch_frame(frame[0].topic, [item.element for item in frame]))
+        if self.spans is not None:
+            self.spans.written(last_seq)
+        if self.rewinds == rewinds:  # no refusal sent us back meanwhile
+            self.sent_through = last_seq
 
     async def _receive_loop(self, call: _PublishCall) -> None:
         loop = asyncio.get_running_loop()

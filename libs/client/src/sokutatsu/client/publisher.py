@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 # How long a busy link waits for a fuller frame (seconds; docs/broker.md, Publishing).
 DEFAULT_LINGER = 0.001
-# Frames a link has unacknowledged before it holds a frame that is not full (docs/broker.md, Publishing).
+# Frames a link has unacknowledged before it holds a frame that is not full, and the longest it
+# holds one (seconds; docs/broker.md, Publishing).
 DEFAULT_MAX_IN_FLIGHT = 1
+DEFAULT_MAX_HOLD = 0.005
 
 
 def default_publisher_id() -> str:
@@ -62,6 +64,7 @@ class Publisher:
         batch_bytes: int = 1 * 2**20,
         linger: float = DEFAULT_LINGER,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_hold: float = DEFAULT_MAX_HOLD,
         max_pending: int = 100_000,
         ack_timeout: float = 30.0,
         connect_timeout: float = 10.0,
@@ -71,13 +74,15 @@ class Publisher:
             raise ValueError("give at least one broker address (host:port)")
         if max_in_flight < 0:
             raise ValueError("max_in_flight must be 0 (no limit) or more")
+        if max_hold < 0:
+            raise ValueError("max_hold must be 0 seconds or more")
         self.publisher_id = publisher_id or default_publisher_id()
         self.config = config or ClientConfig()
         self.connect_timeout = connect_timeout
         self._publisher_field = publisher_field(self.publisher_id)
         self._accumulator = Accumulator(max_pending, ack_timeout)
         self._counters = Counters()
-        batching = Batching(batch_messages, batch_bytes, linger, max_in_flight)
+        batching = Batching(batch_messages, batch_bytes, linger, max_in_flight, max_hold)
         self._links = [
             BrokerLink(a, self.publisher_id, self.config, batching, self._accumulator, self._counters)
             for a in addresses
@@ -185,7 +190,8 @@ class Publisher:
 
     @property
     def frames(self) -> int:
-        """Publish frames written to the brokers (each broker's stream counts its own)."""
+        """Publish frames written, summed over the brokers' streams (frames sent again after a
+        reconnect or a refusal included)."""
         return self._counters.frames
 
     @property
