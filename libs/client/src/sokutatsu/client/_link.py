@@ -1,8 +1,7 @@
 """One publish stream per broker of the pair: batching, acknowledgements and go-back-N.
 
 A :class:`BrokerLink` sends the accumulator's messages to its broker in frames and reports what
-the broker acknowledges. A frame leaves when ``batch_messages`` or ``batch_bytes`` are ready;
-short of that:
+the broker acknowledges. A full frame leaves at once (below); one that is not full waits:
 
 * a link that sent a frame less than ``linger`` seconds ago waits up to that long for a fuller
   one (an idle link sends at once);

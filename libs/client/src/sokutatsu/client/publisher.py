@@ -42,7 +42,7 @@ DEFAULT_LINGER = 0.001
 # Frames a link has unacknowledged before it holds a frame that is not full, and the longest it
 # holds one (seconds; docs/broker.md, Publishing).
 DEFAULT_MAX_IN_FLIGHT = 1
-DEFAULT_MAX_HOLD = 0.005
+DEFAULT_MAX_HOLD = 0.05
 
 
 def default_publisher_id() -> str:
