@@ -4,8 +4,6 @@ stopped with SIGSTOP so that a frame stays unacknowledged for as long as the tes
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 import pytest
 
@@ -34,7 +32,7 @@ async def test_what_is_published_while_the_broker_has_not_acknowledged_a_frame_g
             pub.publish_nowait(TOPIC, "K", b"1")
             await pub.flush()
             assert pub.frames == 1
-            os.kill(broker.pid, signal.SIGSTOP)
+            broker.freeze()
             try:
                 await asyncio.sleep(0.01)  # past the linger: the next message leaves at once
                 pub.publish_nowait(TOPIC, "K", b"2")
@@ -49,7 +47,7 @@ async def test_what_is_published_while_the_broker_has_not_acknowledged_a_frame_g
                 await asyncio.sleep(0.05)
                 assert pub.frames == 2  # message 2's frame is out and unacknowledged: the rest wait
             finally:
-                os.kill(broker.pid, signal.SIGCONT)
+                broker.thaw()
             await pub.flush()
             assert pub.frames == 3  # the acknowledgement let the 50 held messages go, in one frame
         seqs: list[int] = []
