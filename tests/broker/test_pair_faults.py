@@ -19,7 +19,7 @@ from grpc import aio
 from sokutatsu.broker.pair_state import MAX_EPOCH
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.cli.chaos_proxy import LinkProxy
-from sokutatsu.client import BufferFull, Publisher, Subscriber
+from sokutatsu.client import BufferFull, GapError, Publisher, Subscriber
 from sokutatsu.core.tls import open_channel
 from sokutatsu.harness import HarnessError
 from sokutatsu.monitor.broker_link import CONTROL_TIMEOUT_SECONDS
@@ -718,3 +718,38 @@ async def test_a_subscriber_its_peer_redirected_is_served_not_sent_back(
         lacks_reason = "redirect: this broker lacks messages after your position (it was away); its peer holds them"
         assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=False) == lacks_reason
         assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=True) == "subscribed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=GapError,
+    reason="not mended: docs/broker.md, The pair, Failure model and known limits (chaos seed 907126)",
+)
+async def test_a_subscriber_moved_to_the_standby_keeps_the_backlog_the_standby_spilled_through_its_kill9(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Chaos seed 907126 as a fixed schedule. A slow durable subscriber is moved to the standby, which
+    spills its queue to disk (and acknowledges each message only once it is there); the active keeps
+    only the newest ``AWAY_TAIL`` bytes. kill -9 of the standby: the subscriber reconnects to the
+    active, which does not hear its peer; then the standby restarts on its state. Today the active takes
+    the queue over at once and raises what it lacks to the subscriber as a gap (``GapError``), though
+    the restarted standby recovers every one of those messages from its segment log. Marked xfail
+    (strict): the day the pair keeps them, this test fails until the mark goes."""
+    pair = await pair_factory(away_tail="16KiB")
+    total = 2000
+    slow = Consumer(pair, "slow", total, budget=64 * 1024)
+    slow.delay = 0.02
+    async with consuming(slow):
+        await asyncio.wait_for(slow.sub.connected.wait(), 10)
+        await switch(pair.active, pair.standby, "broker-b", "slow")
+        await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the subscriber to reach broker-b")
+        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+            await _publish_from(pub, 1, total)
+        assert len(slow.got) < total - 500, "the schedule needs the subscriber far behind"
+        assert (await subscriber_stats(pair.standby.address, "slow")).spilled_count > 0
+        pair.standby.kill9()
+        await until(lambda: _async(slow.sub.broker_id == "broker-a"), "the subscriber to reach broker-a")
+        pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+        pair.standby.start()
+        slow.delay = 0.0
+    slow.check({"feed": total})
