@@ -136,6 +136,9 @@ class BrokerLink:
         # While a frame that is not full waits for an acknowledgement: the timer ending the wait.
         self._hold_timer: asyncio.TimerHandle | None = None
         self._hold_expired = False
+        # The last look at the next frame (:meth:`_frame_end`): its first and last number and bytes, so
+        # that each publish that wakes a waiting link looks only at what came since (numbers are dense).
+        self._scan = (0, 0, 0)
 
     def fail(self, error: Exception) -> None:
         """The publisher fails for good; ``start()`` stops waiting for the links."""
@@ -286,17 +289,23 @@ class BrokerLink:
         ``batch_bytes`` passed by at most one message), and whether it is full: ended by one of
         those rather than by the last message ready, so that waiting cannot make it fuller."""
         pending = self.accumulator.pending
+        first = pending[index].seq
         topic = pending[index].topic
         batch_bytes = self.batching.batch_bytes
         stop = min(len(pending), index + most)
-        size = 0
-        i = index
+        scanned_from, scanned_to, size = self._scan
+        i = index + scanned_to - first + 1 if scanned_from == first else index
+        if i > stop:  # the broker's limit fell below what was scanned (a new stream)
+            i, size = index, 0
+        elif i == index:
+            size = 0
         while i < stop and size < batch_bytes:
             item = pending[i]
             if item.topic != topic:
                 return i, True
             size += item.size
             i += 1
+        self._scan = (first, pending[i - 1].seq, size)
         return i, i < len(pending) or i - index >= most or size >= batch_bytes
 
     async def _write(self, call: _PublishCall, frame: list[Pending]) -> None:
