@@ -321,6 +321,22 @@ def test_torn_last_record_is_truncated(
     assert [p for _, p in read_all(log)] == [*(rec(i) for i in range(7)), rec(100), rec(101)]
 
 
+def test_recovery_shows_each_surviving_record_once_in_order(tmp_path: Path) -> None:
+    """``on_record`` (how a restarted broker learns which numbers its queue holds, pair_state.py
+    invariant 7) sees the records recovery keeps, oldest first, and not the torn one."""
+    log = SegmentLog(tmp_path, SMALL_SEGMENT)
+    log.append([rec(i) for i in range(8)])
+    log.close()
+    os.truncate(tmp_path / name(3), RECORD + 5)  # segment 3 held 6, 7: 7 is torn
+    seen: list[bytes] = []
+    log = SegmentLog(tmp_path, SMALL_SEGMENT, lambda payload: seen.append(bytes(payload)))
+    try:
+        assert seen == [rec(i) for i in range(7)]
+        assert [p for _, p in read_all(log)] == seen
+    finally:
+        log.close()
+
+
 GARBAGE = {
     "random": bytes(range(7, 200, 3)),
     "zeroes": bytes(64),

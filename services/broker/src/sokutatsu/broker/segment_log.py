@@ -223,7 +223,12 @@ class SegmentLog:
     Not thread-safe: call it from one thread (never the asyncio loop, it blocks on disk I/O).
     """
 
-    def __init__(self, folder: Path, segment_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        segment_bytes: int = 16 * 1024 * 1024,
+        on_record: Callable[[memoryview], None] | None = None,
+    ) -> None:
         """Open (creating the folder if needed) and recover.
 
         Existing segments are kept; a torn or corrupt tail in the LAST segment (crash mid-write) is
@@ -231,7 +236,10 @@ class SegmentLog:
         After recovery every surviving record is unread (the read cursor is at the start of the oldest
         segment). New records continue the last segment. Empty segments other than the last are
         deleted. Raises SegmentLogError if the folder cannot be created or read, or is already open.
+        ``on_record`` sees each surviving record's payload during recovery, oldest first (it reads
+        them anyway to check them); the view is valid only during the call.
         """
+        self._on_record = on_record
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be at least 1, not {segment_bytes}")
         self._folder = Path(folder)
@@ -255,6 +263,8 @@ class SegmentLog:
             self._closed = True
             self._release()
             raise
+        finally:
+            self._on_record = None
 
     # ------------------------------------------------------------------ properties --
 
@@ -498,6 +508,8 @@ class SegmentLog:
                 except _BadRecord as bad:
                     problem = bad
                     break
+                if self._on_record is not None:
+                    self._on_record(payload)
                 segment.records += 1
                 segment.payload_bytes += len(payload)
             segment.size = reader.offset
