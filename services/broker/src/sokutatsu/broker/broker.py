@@ -320,11 +320,15 @@ class Broker:
                 continue
             try:
                 spec = self.subscription_spec(sub)
-                await self._topic_or_create(spec.topic)
+                topic = await self._topic_or_create(spec.topic)
             except (NotFound, InvalidArgument) as exc:
                 log.warning(
                     "the peer's subscription of %r to %r is not created here: %s", sub.subscriber_id, sub.topic, exc
                 )
+                continue
+            if sub.subscriber_id in topic.queues:
+                # Made meanwhile (the topic's creation awaited the disk): an AcceptSubscriber that made
+                # it serving here must not be replaced by a shadow.
                 continue
             queue = self._add_queue(spec)
             adopted += 1
