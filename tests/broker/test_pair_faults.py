@@ -306,8 +306,10 @@ async def test_a_migrated_subscriber_is_served_again_when_its_broker_restarts_wi
     """Found by `sokutatsu chaos` (seed 101, 1,214 messages never delivered): a subscriber moved
     to the standby; the standby killed and back before the active noticed (within the peer
     timeout). The restarted standby holds a shadow, the active an away copy: each redirected the
-    subscriber to the other, for ever. Now the restarted broker's holdings say it serves nobody,
-    and the active serves the subscriber again."""
+    subscriber to the other, for ever. Then the restarted broker's holdings said it served nobody,
+    and the active served the subscriber again. Since invariant 7 (pair_state.py) the restarted
+    standby reclaims it: the active fills in what its away copy holds (the standby had it in memory
+    only), and the standby serves it again."""
     pair = await pair_factory(peer_timeout_ms="5000")
     desk = Consumer(pair, "desk", 600)
     async with consuming(desk):
@@ -322,7 +324,8 @@ async def test_a_migrated_subscriber_is_served_again_when_its_broker_restarts_wi
             pair.standby.start()
             await _publish_from(pub, 301, 600)
     desk.check({"feed": 600})
-    assert desk.brokers[-1] == "broker-a"
+    assert desk.brokers[-1] == "broker-b"
+    assert "the peer filled in" in pair.standby.log()
 
 
 async def test_a_publisher_reconnecting_while_the_survivor_acknowledges_alone_loses_no_number(
@@ -720,36 +723,105 @@ async def test_a_subscriber_its_peer_redirected_is_served_not_sent_back(
         assert await _first_subscribe_frame(b.address, {"feed": 150}, redirected=True) == "subscribed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=GapError,
-    reason="not mended: docs/broker.md, The pair, Failure model and known limits (chaos seed 907126)",
-)
+async def _slow_on_the_standby_then_standby_killed(pair: Pair, slow: Consumer, total: int) -> None:
+    """The first half of chaos seed 907126's schedule: ``slow`` (started, delayed) is moved to the
+    standby, which spills its backlog of ``total`` messages to disk; then kill -9 of the standby."""
+    await asyncio.wait_for(slow.sub.connected.wait(), 10)
+    await switch(pair.active, pair.standby, "broker-b", "slow")
+    await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the subscriber to reach broker-b")
+    async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
+        await _publish_from(pub, 1, total)
+    assert len(slow.got) < total - 500, "the schedule needs the subscriber far behind"
+    assert (await subscriber_stats(pair.standby.address, "slow")).spilled_count > 0
+    pair.standby.kill9()
+
+
+@pytest.mark.parametrize("published_while_down", [0, 300])
 async def test_a_subscriber_moved_to_the_standby_keeps_the_backlog_the_standby_spilled_through_its_kill9(
+    pair_factory: Callable[..., Awaitable[Pair]], published_while_down: int
+) -> None:
+    """Chaos seed 907126 as a fixed schedule (pair_state.py, invariant 7). A slow durable subscriber
+    is moved to the standby, which spills its queue to disk (and acknowledges each message only once
+    it is there); the active keeps only the newest ``AWAY_TAIL`` bytes. kill -9 of the standby; the
+    active acknowledges ``published_while_down`` more alone; the subscriber comes to the active; then
+    the standby restarts on its state. Before, the active took the queue over at once and told the
+    subscriber as a gap (``GapError`` for 1001..1545) what the restarted standby recovered from its
+    segment log 0.2 s later. Now the active refuses the subscriber while the standby may come back;
+    the restarted standby reclaims it, the active fills in what was acknowledged meanwhile, and the
+    subscriber gets every message once, in order."""
+    pair = await pair_factory(away_tail="16KiB")
+    total = 2000
+    after = total + published_while_down
+    slow = Consumer(pair, "slow", after + 100, budget=64 * 1024)
+    slow.delay = 0.02
+    async with consuming(slow):
+        await _slow_on_the_standby_then_standby_killed(pair, slow, total)
+        # (connect_timeout: start() waits that long for the link to the killed standby.)
+        async with Publisher(pair.addresses, "feed", ack_timeout=60, connect_timeout=1) as pub:
+            await _publish_from(pub, total + 1, after)  # acknowledged by the active alone
+            # (Before invariant 7, the active served it at once: the subscriber reached broker-a.)
+            await until(
+                lambda: _async("refusing slow" in pair.active.log() or slow.sub.broker_id == "broker-a"),
+                "the subscriber to come to the active",
+            )
+            pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+            pair.standby.start()
+            # The publisher comes back to the restarted standby and continues after what the active
+            # acknowledged alone (PublishOpen.first_unacked_seq): the fill still fills that in.
+            await _publish_from(pub, after + 1, after + 100)
+        slow.delay = 0.0
+    slow.check({"feed": after + 100})
+    assert slow.brokers[-1] == "broker-b"
+    assert "the peer filled in" in pair.standby.log()
+    assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_AWAY
+
+
+async def test_the_active_serves_a_subscriber_whose_standby_stays_down_after_the_away_wait_with_the_gap_told(
     pair_factory: Callable[..., Awaitable[Pair]],
 ) -> None:
-    """Chaos seed 907126 as a fixed schedule. A slow durable subscriber is moved to the standby, which
-    spills its queue to disk (and acknowledges each message only once it is there); the active keeps
-    only the newest ``AWAY_TAIL`` bytes. kill -9 of the standby: the subscriber reconnects to the
-    active, which does not hear its peer; then the standby restarts on its state. Today the active takes
-    the queue over at once and raises what it lacks to the subscriber as a gap (``GapError``), though
-    the restarted standby recovers every one of those messages from its segment log. Marked xfail
-    (strict): the day the pair keeps them, this test fails until the mark goes."""
-    pair = await pair_factory(away_tail="16KiB")
+    """The other side of invariant 7 (c): the standby that served the subscriber does not come back
+    (its disk may be gone). After ``AWAY_WAIT`` the active serves the subscriber from its tail, and
+    the SDK reports what neither broker still has as a gap, then delivers the rest in order."""
+    pair = await pair_factory(away_tail="16KiB", away_wait="1s")
     total = 2000
     slow = Consumer(pair, "slow", total, budget=64 * 1024)
     slow.delay = 0.02
-    async with consuming(slow):
-        await asyncio.wait_for(slow.sub.connected.wait(), 10)
-        await switch(pair.active, pair.standby, "broker-b", "slow")
-        await until(lambda: _async(slow.sub.broker_id == "broker-b"), "the subscriber to reach broker-b")
-        async with Publisher(pair.addresses, "feed", ack_timeout=60) as pub:
-            await _publish_from(pub, 1, total)
-        assert len(slow.got) < total - 500, "the schedule needs the subscriber far behind"
-        assert (await subscriber_stats(pair.standby.address, "slow")).spilled_count > 0
-        pair.standby.kill9()
-        await until(lambda: _async(slow.sub.broker_id == "broker-a"), "the subscriber to reach broker-a")
-        pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
-        pair.standby.start()
+    gaps: list[GapError] = []
+
+    async def read_through_gaps() -> None:
+        while True:
+            try:
+                async for message in slow.sub:
+                    slow.got.append(message)
+                    if slow.delay:
+                        await asyncio.sleep(slow.delay)
+                    if message.publisher_seq == total:
+                        return
+            except GapError as gap:
+                gaps.append(gap)
+
+    await slow.sub.start()
+    reader = asyncio.create_task(read_through_gaps())
+    try:
+        await _slow_on_the_standby_then_standby_killed(pair, slow, total)
+        await until(lambda: _async("refusing slow" in pair.active.log()), "the active to refuse the subscriber")
         slow.delay = 0.0
-    slow.check({"feed": total})
+        await until(lambda: _async(bool(gaps)), "the active to serve the subscriber with the gap told")
+        assert slow.sub.broker_id == "broker-a"
+        await asyncio.wait_for(reader, 60)
+    finally:
+        reader.cancel()
+        await slow.sub.close()
+    seqs = [m.publisher_seq for m in slow.got]
+    assert seqs == sorted(set(seqs)), "in order, each once"
+    assert seqs[-1] == total
+    told = {(g.publisher_id, n) for g in gaps for n in range(g.first_missing, g.last_missing + 1)}
+    assert {("feed", n) for n in range(1, total + 1)} == {("feed", n) for n in seqs} | told
+    # The standby comes back after all: its claim lapses (the active serves the subscriber now), so
+    # the two never serve it both.
+    pair.standby.env["SOKUTATSU_BROKER_LISTEN"] = pair.standby.address
+    pair.standby.start()
+    await pair.wait_paired()
+    await until(lambda: _async("slow on prices: not serving it again" in pair.standby.log()), "the claim to lapse")
+    assert (await subscriber_stats(pair.standby.address, "slow")).state == broker_pb2.QUEUE_STATE_SHADOW
+    assert (await subscriber_stats(pair.active.address, "slow")).state == broker_pb2.QUEUE_STATE_SERVING

@@ -45,6 +45,11 @@ class PeerServes(Exception):
 
 # How long a reconnecting subscriber waits for its previous stream to end.
 TAKEOVER_SECONDS = 10.0
+# The most message bytes in one chunk of a fill (invariant 7): well within a gRPC frame.
+FILL_CHUNK_BYTES = 1 << 20
+# How long a restarted broker waits for its peer's fill (invariant 7; at least two peer timeouts):
+# meanwhile the publishes that reach the reclaimed queue wait for it.
+RECLAIM_SECONDS = 2.0
 # How long ReleaseSubscriber waits for a redirected stream to end before it refuses (retry):
 # well within a caller's deadline (the monitor's is 2 s), so a slow stream is a refusal the
 # monitor retries, not a call it takes for an unreachable broker.
@@ -152,6 +157,21 @@ class Broker:
         self.expired_names: list[tuple[str, str]] = []
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
+        # Invariant 7 (pair_state.py): queues this broker, restarted, served before and may serve again
+        # (held back until the peer's holdings and fill settle it); the fills the peer sent so far; and,
+        # on the other side, the fills the peer asked for (per queue, the numbers it holds up to).
+        self._reclaiming: dict[tuple[str, str], SubscriptionQueue] = {}
+        self._fill_parts: dict[tuple[str, str], list[broker_pb2.QueueFillItem]] = {}
+        self.fills_wanted: dict[tuple[str, str], dict[str, int]] = {}
+        # When the peer's holdings first said its copy of a reclaimed subscriber is away (monotonic; 0:
+        # not yet): a fill that does not come within RECLAIM_SECONDS ends the claim.
+        self._reclaim_since = 0.0
+        # Bumped when this broker's holdings change within a session (a claim settled): the pair's
+        # stream sends them again, so the peer acts on them.
+        self.holdings_version = 0
+        # Counts changes of which queues are served here: the catalog records them (invariant 7).
+        self._served_save: asyncio.Task[None] | None = None
+        self._served_dirty = False
 
     # ------------------------------------------------------------ lifecycle --
     async def open(self) -> None:
@@ -164,6 +184,12 @@ class Broker:
             await queue.recover()
             if queue.disk_count:
                 log.info("recovered %d spilled messages for %s on %s", queue.disk_count, sub.subscriber_id, sub.topic)
+            name = (sub.topic, sub.subscriber_id)
+            if name in catalog.served and queue.state == SHADOW and self.peer:
+                # Invariant 7: it served this subscriber before it stopped; the peer's copy may be
+                # away (only a tail), so it settles with the peer before anyone serves it.
+                queue.hold_back()
+                self._reclaiming[name] = queue
         await self.disk.call(self._remove_stray_folders, set(self._all_queue_folders()))
 
     async def close(self) -> None:
@@ -183,7 +209,11 @@ class Broker:
                     shutil.rmtree(folder, ignore_errors=True)
 
     async def _save_catalog(self) -> None:
-        catalog = Catalog(
+        await self.disk.call(save_catalog, self._catalog_path, self._catalog().to_json())
+
+    def _catalog(self) -> Catalog:
+        """What the catalog file holds (built on the event loop; written by the disk thread)."""
+        return Catalog(
             topics={name: t.spec for name, t in self.topics.items()},
             subscriptions={
                 (q.spec.topic, q.spec.subscriber_id): q.spec
@@ -191,8 +221,29 @@ class Broker:
                 for q in t.queue_list
                 if q.spec.durable
             },
+            served={
+                (q.spec.topic, q.spec.subscriber_id)
+                for t in self.topics.values()
+                for q in t.queue_list
+                if q.spec.durable and q.state in (SERVING, LEAVING)
+            },
         )
-        await self.disk.call(save_catalog, self._catalog_path, catalog.to_json())
+
+    def _serving_changed(self) -> None:
+        """A durable queue started or stopped being served here: record it soon (invariant 7; what
+        must be on disk before an answer, ``accept`` awaits itself)."""
+        self._served_dirty = True
+        if self._served_save is None or self._served_save.done():
+            self._served_save = asyncio.get_running_loop().create_task(self._save_served())
+
+    async def _save_served(self) -> None:
+        while self._served_dirty:  # changes made while one write runs go in the next
+            self._served_dirty = False
+            try:
+                await self._save_catalog()
+            except OSError as exc:
+                log.error("could not record which subscribers are served here in %s: %s", self._catalog_path, exc)  # noqa: TRY400
+                return
 
     # --------------------------------------------------------------- topics --
     def _add_topic(self, spec: TopicSpec) -> Topic:
@@ -265,6 +316,8 @@ class Broker:
         )
         topic.queues[spec.subscriber_id] = queue
         topic.reindex()
+        if spec.durable:
+            queue.on_serving = self._serving_changed
         held = self._peer_holdings.get((spec.topic, spec.subscriber_id)) if spec.durable else None
         if held is not None:
             self._take_holdings(queue, held, new=True)
@@ -422,9 +475,9 @@ class Broker:
             queue = self._add_queue(spec)
         if queue.attached:
             raise Unavailable(f"{echo(spec.subscriber_id)} connected to {echo(spec.topic)} twice at once; retry")
-        if queue.state != SERVING:
-            await self._claim(queue)
         position = dict(open_frame.position.last_seq)
+        if queue.state != SERVING:
+            await self._claim(queue, position)
         if (
             queue.taken_pending
             and not open_frame.redirected
@@ -454,7 +507,7 @@ class Broker:
     def _peer_holds_it(self) -> bool:
         return self.role == STANDBY and bool(self.peer) and self.peer_up
 
-    async def _claim(self, queue: SubscriptionQueue) -> None:
+    async def _claim(self, queue: SubscriptionQueue, position: dict[str, int]) -> None:
         """A subscriber came for a queue the peer serves: send it there, or serve it when the
         peer is down (a standby then becomes active, for every subscriber).
 
@@ -464,8 +517,38 @@ class Broker:
         """
         spec = queue.spec
         why = f"served by the peer ({_STATE_NAMES[queue.state]} here)"
+        name = (spec.topic, spec.subscriber_id)
+        if name in self._reclaiming:
+            if self.peer_up:
+                raise Unavailable(
+                    f"{self.settings.instance} restarted and served {echo(spec.subscriber_id)} before; it is settling "
+                    f"with its peer {self.peer} which of the two serves it now: retry"
+                )
+            self.end_reclaims("the peer is not heard from")
         if self.peer and self.peer_up:
             raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
+        if queue.state == AWAY and queue.lacks_after(position):
+            # Invariant 7 (pair_state.py): the peer served this subscriber and holds on its disk what
+            # this copy (a tail) lacks; a peer that comes back serves it again with nothing lost.
+            silent = self.pair.silent_for()
+            wait = self.settings.away_wait
+            if silent < wait:
+                log.warning(
+                    "refusing %s on %s for now: its position is before the newest messages kept here, and the peer "
+                    "%s that served it (and holds the rest) is not heard from for %.1fs; serving it with a gap after "
+                    "%gs (SOKUTATSU_BROKER_AWAY_WAIT)",
+                    spec.subscriber_id,
+                    spec.topic,
+                    self.peer,
+                    silent,
+                    wait,
+                )
+                raise Unavailable(
+                    f"{self.settings.instance} keeps only the newest messages of {echo(spec.subscriber_id)} (the peer "
+                    f"{self.peer} served it and holds the rest) and does not hear that peer: it waits up to "
+                    f"{wait - silent:.1f}s more for the peer to come back (SOKUTATSU_BROKER_AWAY_WAIT), then serves "
+                    "what it has and reports the rest as a gap: retry"
+                )
         if self.role == STANDBY:
             info = await self.peer_role() if self.peer else None
             if info is not None and info.role == ACTIVE:
@@ -817,10 +900,14 @@ class Broker:
                 f"subscription of {echo(spec.subscriber_id)} to {echo(spec.topic)} has other settings here; "
                 "delete and recreate it on both brokers"
             )
+        self._end_reclaim((spec.topic, spec.subscriber_id), None, "moved here by a switchover")
         queue.serve()
         queue.taken_pending = not queue.attached
         topic.reindex()
-        return queue, queue.trim(position)
+        trimmed = queue.trim(position)
+        # Invariant 7: that it serves the subscriber is on disk before the peer hands it over (step 4).
+        await self._save_catalog()
+        return queue, trimmed
 
     def redirect_subscriber(self, topic: str, subscriber_id: str, redirect: broker_pb2.Redirect) -> bool:
         """Switchover step 3: end the subscriber's stream with a redirect; True if it was connected."""
@@ -868,6 +955,8 @@ class Broker:
         """Bring every durable queue in line with the role: an active serves what the peer served
         (shadows and leaving copies); a standby keeps shadows and redirects its streams to the peer."""
         role = self.role
+        if role == ACTIVE:
+            self.end_reclaims("promoted to active")
         for topic in self.topics.values():
             changed = False
             for queue in topic.queue_list:
@@ -908,19 +997,30 @@ class Broker:
         if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
             self._roles_changed()
         for mark in frame.subscribers:
+            name = (mark.topic, mark.subscriber_id)
+            if name in self._reclaiming:  # the peer serves it (invariant 7)
+                self._end_reclaim(name, None, "the peer serves it")
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
             if queue is not None and queue.state in (SHADOW, AWAY):
                 queue.trim(dict(mark.acked.last_seq), mark.retention_gaps)
+        for fill in frame.fills:
+            self._apply_fill(fill)
 
     def holdings(self) -> list[broker_pb2.SubscriberHoldings]:
-        """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4)."""
+        """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4);
+        of one this broker reclaims, the last it holds (invariant 7: a publisher that came back said
+        where it continues, which this copy lacks until the peer's fill)."""
         return [
             broker_pb2.SubscriberHoldings(
                 topic=q.spec.topic,
                 subscriber_id=q.spec.subscriber_id,
-                last_enqueued=broker_pb2.Position(last_seq=q.last_enqueued),
+                last_enqueued=broker_pb2.Position(
+                    last_seq=q.held_back.holds if q.held_back is not None else q.last_enqueued
+                ),
                 serves=q.state in (SERVING, LEAVING),
+                reclaims=(q.spec.topic, q.spec.subscriber_id) in self._reclaiming,
+                away=q.state == AWAY,
             )
             for t in self.topics.values()
             for q in t.queue_list
@@ -935,7 +1035,11 @@ class Broker:
         everything (chaos seed 7102; a fresh-clone CI run with AcceptSubscriber between the two).
 
         A subscriber the peer served (away here) that the peer no longer serves (it restarted) is
-        served here again by the active: otherwise each broker would redirect it to the other.
+        served here again by the active: otherwise each broker would redirect it to the other. When
+        the peer reclaims it (invariant 7), the active instead sends the peer what its away copy holds
+        after the peer's numbers (``fills_wanted``, sent by the pair's stream). And a restarted
+        broker's own claims are settled here: kept, waiting for the fill, while the peer's copy is
+        away; given up otherwise.
         """
         # Not those of a subscription deleted here that the peer still holds: made again here, it
         # is a new subscription, whose subscriber never acknowledges the old one's numbers.
@@ -945,16 +1049,120 @@ class Broker:
             if (held.topic, held.subscriber_id) not in self._deleted
         }
         raised = 0
+        self.fills_wanted = {}
         for held in holdings:
             topic = self.topics.get(held.topic)
             queue = topic.queues.get(held.subscriber_id) if topic else None
             if queue is None:
                 continue
             raised += self._take_holdings(queue, held)
-            if queue.state == AWAY and not held.serves and self.role == ACTIVE:
-                self.take_over(queue, "the peer no longer serves it (it restarted)")
+            self._settle_claims(queue, held)
+        for name in [n for n in self._reclaiming if n not in self._peer_holdings]:
+            self._end_reclaim(name, None, "the peer does not hold it")
+        if self.role == ACTIVE:
+            for topic in self.topics.values():
+                for queue in topic.queue_list:
+                    if queue.state == AWAY and (queue.spec.topic, queue.spec.subscriber_id) not in self._peer_holdings:
+                        self.take_over(queue, "the peer does not hold it (it restarted without it)")
         if raised:
             log.info("the peer's holdings: %d publisher floor(s) raised (messages this broker may lack)", raised)
+
+    # ------------------------------------------------------- restart claims --
+    @property
+    def reclaiming(self) -> int:
+        """How many queues this broker, restarted, is settling with its peer (invariant 7)."""
+        return len(self._reclaiming)
+
+    @property
+    def reclaim_overdue(self) -> bool:
+        """Whether the peer's fill for a reclaimed subscriber is later than it should be."""
+        since = self._reclaim_since
+        return bool(since) and time.monotonic() - since > max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
+
+    def end_reclaims(self, why: str) -> None:
+        """Give up every claim still being settled (the peer is gone, or this broker was promoted)."""
+        for name in list(self._reclaiming):
+            self._end_reclaim(name, None, why)
+
+    def _end_reclaim(self, name: tuple[str, str], fill: list[tuple[int, StoredMessage]] | None, why: str) -> None:
+        """Settle a claim: with the peer's ``fill``, serve the subscriber here again, the fill first;
+        without, keep the copy as a shadow. Either way what was held back is queued."""
+        queue = self._reclaiming.pop(name, None)
+        self._fill_parts.pop(name, None)
+        if queue is None:
+            return
+        self.holdings_version += 1  # the peer learns it no longer reclaims it (and whether it serves it)
+        filled = queue.end_hold_back(fill or ())
+        if fill is None:
+            log.info("%s on %s: not serving it again (%s)", name[1], name[0], why)
+            return
+        self.take_over(queue, f"it served it before it restarted, and the peer filled in {filled} message(s) ({why})")
+
+    def _apply_fill(self, fill: broker_pb2.QueueFill) -> None:
+        """A chunk of what the peer's away copy holds for a subscriber this broker reclaims."""
+        name = (fill.topic, fill.subscriber_id)
+        if name not in self._reclaiming:
+            return  # settled already (a fill sent again on a new stream)
+        if fill.first:
+            self._fill_parts[name] = []
+        parts = self._fill_parts.get(name)
+        if parts is None:
+            return  # a chunk without its first: the stream broke and the peer sends it again
+        parts.extend(fill.items)
+        if not fill.last:
+            return
+        topic = self.topics[fill.topic]
+        usages = (topic.usage, self.usage)
+        messages: list[tuple[int, StoredMessage]] = []
+        for item in parts:
+            header = broker_pb2.Message.FromString(item.message)
+            stored = StoredMessage(header.publisher_id, header.publisher_seq, item.message, header.persistent, usages)
+            stored.hold(1)
+            messages.append((item.previous_seq, stored))
+        self._end_reclaim(name, messages, "the peer's copy is away")
+
+    def fill_frames(self, sent: set[tuple[str, str]]) -> list[broker_pb2.QueueFill]:
+        """The fills the peer asked for (its holdings reclaim a subscriber whose copy here is away)
+        and that are not in ``sent`` yet, in chunks of at most :data:`FILL_CHUNK_BYTES`."""
+        frames: list[broker_pb2.QueueFill] = []
+        for name, position in self.fills_wanted.items():
+            if name in sent:
+                continue
+            sent.add(name)
+            topic = self.topics.get(name[0])
+            queue = topic.queues.get(name[1]) if topic else None
+            if queue is None or queue.state != AWAY:
+                if queue is not None and queue.state in (SERVING, LEAVING):
+                    queue.acked_dirty = True  # its watermark tells the peer it is served here
+                continue
+            chunk = broker_pb2.QueueFill(topic=name[0], subscriber_id=name[1], first=True)
+            size = 0
+            for prev, payload in queue.fill_after(position):
+                if size and size + len(payload) > FILL_CHUNK_BYTES:
+                    frames.append(chunk)
+                    chunk = broker_pb2.QueueFill(topic=name[0], subscriber_id=name[1])
+                    size = 0
+                chunk.items.add(previous_seq=prev, message=payload)
+                size += len(payload)
+            chunk.last = True
+            frames.append(chunk)
+        return frames
+
+    def _settle_claims(self, queue: SubscriptionQueue, held: broker_pb2.SubscriberHoldings) -> None:
+        """Invariant 7, on the peer's holdings for ``queue``: this broker's own claim (kept while the
+        peer's copy is away, until the fill comes), and the peer's (an away copy here fills it in;
+        one the peer neither serves nor reclaims is served here)."""
+        name = (held.topic, held.subscriber_id)
+        if name in self._reclaiming:
+            if not held.away:
+                self._end_reclaim(name, None, "the peer's copy is not away")
+            elif not self._reclaim_since:
+                self._reclaim_since = time.monotonic()
+        if queue.state == AWAY and self.role == ACTIVE:
+            if held.reclaims:
+                self.fills_wanted[name] = dict(held.last_enqueued.last_seq)
+            elif not held.serves:
+                self.take_over(queue, "the peer no longer serves it (it restarted)")
 
     def _take_holdings(
         self, queue: SubscriptionQueue, held: broker_pb2.SubscriberHoldings, *, new: bool = False

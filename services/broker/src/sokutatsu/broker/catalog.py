@@ -24,12 +24,16 @@ class Catalog:
     topics: dict[str, TopicSpec] = field(default_factory=dict)
     # Durable subscriptions only, by (topic, subscriber id).
     subscriptions: dict[tuple[str, str], SubscriptionSpec] = field(default_factory=dict)
+    # The durable subscriptions this broker served (delivered) when the catalog was written
+    # (pair_state.py, invariant 7).
+    served: set[tuple[str, str]] = field(default_factory=set)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": 1,
             "topics": [vars(t) for t in self.topics.values()],
             "subscriptions": [s.to_json() for s in self.subscriptions.values()],
+            "served": [list(name) for name in sorted(self.served)],
         }
 
 
@@ -43,6 +47,8 @@ def load_catalog(path: Path) -> Catalog:
     for s in data["subscriptions"]:
         spec = SubscriptionSpec.from_json(s)
         catalog.subscriptions[(spec.topic, spec.subscriber_id)] = spec
+    for topic, subscriber_id in data.get("served", []):  # absent in catalogs written before it
+        catalog.served.add((str(topic), str(subscriber_id)))
     return catalog
 
 

@@ -10,7 +10,8 @@ the peer's subscribers are served here when they come). The first frame of a
 stream, and the next one after a durable subscription is created, also list
 the sender's durable subscriptions; the receiver creates those it lacks. The
 first frame of each of the sender's peer sessions carries its holdings
-(pair_state.py, invariant 4).
+(pair_state.py, invariant 4); frames after it may carry fills for subscribers the
+peer, restarted, reclaims (invariant 7).
 
 At start, a broker with a peer asks the peer's role: when the peer is already
 active (it took over while this one was away), this one rejoins as standby
@@ -85,6 +86,10 @@ async def watch_peer(broker: Broker) -> None:
         await asyncio.sleep(PEER_CHECK_SECONDS)
         await broker.confirm_role()
         up = broker.peer_up
+        if broker.reclaiming and (not up or broker.reclaim_overdue):
+            # Invariant 7: a restarted broker that no longer hears its peer, or does not get its fill,
+            # keeps what it holds as shadows.
+            broker.end_reclaims("the peer is not heard from" if not up else "the peer's fill did not come")
         alone = broker.pair.acks_alone()[0]
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
@@ -127,18 +132,30 @@ async def _frames(
     marks = broker.watermarks(everything=True)
     last_sent = 0.0
     subscriptions_sent = -1
-    # The session whose holdings went out on this stream (-1: none yet; a new stream sends them).
+    # The session whose holdings went out on this stream (-1: none yet; a new stream sends them), and
+    # the holdings' version then (they go again when it changes: a restart claim settled, invariant 7).
     holdings_sent = -1
+    holdings_version = broker.holdings_version
+    # The fills sent on this stream (a new stream sends those still wanted again: invariant 7).
+    fills_sent: set[tuple[str, str]] = set()
     while broker.pair.link_address == peer:
         await broker.confirm_role()
         now = loop.time()
         version = broker.subscriptions_version
         session = broker.pair.session
-        if marks or now - last_sent >= KEEPALIVE_SECONDS or version != subscriptions_sent or session != holdings_sent:
+        renewed = broker.holdings_version != holdings_version
+        if (
+            marks
+            or now - last_sent >= KEEPALIVE_SECONDS
+            or version != subscriptions_sent
+            or session != holdings_sent
+            or renewed
+        ):
             # Holdings are taken here, after the session opened and only while this broker hears
             # its peer (pair_state.py, invariant 4): taken earlier they could miss what it still
             # acknowledges alone, and the peer would count itself synced on them.
-            holdings = session != holdings_sent and broker.peer_up
+            holdings = (session != holdings_sent or renewed) and broker.peer_up
+            holdings_version = broker.holdings_version
             yield broker_pb2.DeliveredWatermarks(
                 broker_id=broker.settings.instance,
                 subscribers=marks,
@@ -161,6 +178,17 @@ async def _frames(
             last_sent = now
             subscriptions_sent = version
             holdings_sent = session
+        if broker.fills_wanted:
+            for chunk in broker.fill_frames(fills_sent):
+                yield broker_pb2.DeliveredWatermarks(
+                    broker_id=broker.settings.instance,
+                    address=address,
+                    role=broker.role,
+                    epoch=broker.epoch,
+                    not_hearing_you=not broker.pair.peer_up,
+                    session=broker.pair.session,
+                    fills=[chunk],
+                )
         await asyncio.sleep(interval)
         marks = broker.watermarks()
 

@@ -81,6 +81,24 @@ below are enforced here and nowhere else.
    pair) none of this applies: an active or standby that does not hear its peer acknowledges
    alone and a standby a subscriber comes to promotes itself, as before; a pair cut in two then
    may have two actives, each acknowledging alone (docs/broker.md, The monitor's lease).
+7. **A subscriber the standby served, and the backlog it spilled, survive the standby's crash.**
+   The active keeps only a tail (``AWAY_TAIL``) of a subscriber it handed to the standby; the rest
+   is on the standby's disk. So (a) each broker records in its catalog which durable subscribers it
+   serves, on disk before it answers ``AcceptSubscriber`` (other changes soon after); (b) a
+   restarted broker whose catalog says it served a subscriber *reclaims* it: its copy, recovered
+   from its segment log (which tells exactly which numbers it holds), holds back what arrives, and
+   its holdings say ``reclaims``. When the peer's holdings say the peer's copy is ``away``, the peer
+   sends what that copy holds after the reclaimer's numbers (a *fill*: what was acknowledged while
+   the reclaimer was down, each message with its true predecessor, so a hole neither holds is still
+   told as a gap); the reclaimer queues the fill, then what it held back, and serves the subscriber
+   again. When the peer's copy is not away (it serves or shadows the subscriber), the peer serves
+   it, the peer does not hold it, or the peer is not heard, the claim lapses and the copy stays a
+   shadow. Until then it refuses the subscriber (UNAVAILABLE, retry), and the peer does not take it
+   over. (c) An active whose copy is away refuses (UNAVAILABLE, retry) a subscriber whose position is
+   before what its tail holds while it has heard its peer within ``AWAY_WAIT``, and serves it after
+   that, telling what it lacks as a gap (the peer's disk may be gone). Before, it served it at once:
+   the restarted standby recovered from disk what the subscriber had been told was a gap (chaos
+   seed 907126).
 
 The queue side of ownership (which broker serves a subscriber, and from where) is in
 ``subscription_queue.py``; the broker (``broker.py``) applies both.
@@ -218,6 +236,10 @@ class PairState:
     def peer_up(self) -> bool:
         """Whether the peer sent a frame within the peer timeout (invariant 3)."""
         return self.clock() - self.heard_at < self.peer_timeout
+
+    def silent_for(self) -> float:
+        """Seconds since the peer's last frame (or since start, for a known peer; huge for none)."""
+        return self.clock() - self.heard_at
 
     @property
     def link_address(self) -> str:

@@ -263,6 +263,16 @@ class BrokerSettings(ServiceSettings):
         "lose nothing if the standby dies while the subscriber is within the tail (0 = keep nothing).",
         parse_size,
     )
+    away_wait: float = setting(
+        "AWAY_WAIT",
+        30.0,
+        "A subscriber the standby served comes to the active while the standby is down, from before the "
+        "newest messages the active kept (AWAY_TAIL): the active refuses it (UNAVAILABLE, retry) for up to "
+        "this long after it last heard the standby, since a standby that comes back serves it again from its "
+        "disk with nothing lost; after that it serves it from its tail, telling the subscriber what it lacks "
+        "as a gap (the standby's disk may be gone). E.g. 30s, 2m; 0 = serve at once.",
+        parse_duration,
+    )
     # Limits per client (docs/security.md, Limits per connection). A client is the authenticated
     # principal when auth is on (principals with service = true, the suite's own links, are not
     # limited), else one gRPC connection (the peer's host:port).

@@ -110,10 +110,28 @@ def _parse_record(segment: int, record: bytes) -> Item:
     return Item(header.publisher_id, header.publisher_seq, prev, payload, None, segment)
 
 
+class HeldBack:
+    """What a queue holds back (:meth:`SubscriptionQueue.hold_back`)."""
+
+    def __init__(self, holds: dict[str, int]) -> None:
+        # Per publisher, the last number the copy holds (its disk) when it began holding back: a
+        # publisher that comes back meanwhile raises ``last_enqueued`` past what the peer fills in.
+        self.holds = holds
+        self.messages: list[StoredMessage] = []
+        # Publishes waiting for their messages to be written (``SubscriptionQueue.written``).
+        self.waiters: list[asyncio.Future[None]] = []
+
+
 class SubscriptionQueue:
     # The attached stream's wake-up when it is a SubscribeMany stream (subscribe_many.py): called,
     # instead of a task waiting on `ready`, whenever `ready` is set. Set by attach, cleared by detach.
     listener: Callable[[], None] | None = None
+    # Called when the queue starts or stops being served here (the broker records it: pair_state.py,
+    # invariant 7).
+    on_serving: Callable[[], None] | None = None
+    # While this broker, restarted, settles with its peer whether it serves the subscriber again
+    # (invariant 7): what arrives meanwhile, and the publishes waiting for it to be written. None otherwise.
+    held_back: HeldBack | None = None
 
     def __init__(
         self,
@@ -209,9 +227,25 @@ class SubscriptionQueue:
         self.recovered = True
         if not self.folder.exists():
             return
-        self.log = await self._disk.call(SegmentLog, self.folder, _segment_bytes(self.retention))
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+
+        def numbers(record: memoryview) -> None:
+            header = broker_pb2.Message.FromString(bytes(record[_PREV.size :]))
+            publisher, seq = header.publisher_id, header.publisher_seq
+            first.setdefault(publisher, seq)
+            last[publisher] = seq
+
+        self.log = await self._disk.call(SegmentLog, self.folder, _segment_bytes(self.retention), numbers)
         self.disk_count = self.log.unread_count
         self.disk_bytes = self.log.unread_bytes
+        # What the log holds, per publisher, is every message of this queue from its first to its last
+        # there (a spill keeps the queue's order, and a record leaves only once acknowledged): the
+        # numbers the peer's holdings and the next messages are measured against. What came before
+        # its first may be missing (it was in memory).
+        self.last_enqueued.update(last)
+        for publisher, seq in first.items():
+            self.may_lack(publisher, seq - 1)
 
     # ------------------------------------------------------------- enqueue --
     @property
@@ -230,12 +264,23 @@ class SubscriptionQueue:
             + self.disk_count
         )
 
-    def enqueue(self, msg: StoredMessage) -> bool:
-        """Queue ``msg`` (already held once for this queue by the caller); True if it goes to disk."""
+    def enqueue(self, msg: StoredMessage, prev: int = -1) -> bool:
+        """Queue ``msg`` (already held once for this queue by the caller); True if it goes to disk
+        (or is held back: :meth:`written` then waits for its turn). ``prev``: its predecessor when
+        known (a peer's fill), else the last one queued here."""
+        held = self.held_back
+        if held is not None:
+            held.messages.append(msg)
+            return True
         publisher = msg.publisher_id
-        prev = self.last_enqueued.get(publisher)
-        if prev is None:
-            prev = msg.seq - 1 if self.recovered else 0
+        last = self.last_enqueued.get(publisher, -1)
+        if msg.seq <= last:
+            # Held already: a peer's fill (pair_state.py, invariant 7) or a restart's disk, and now a
+            # publisher sending it again.
+            msg.release()
+            return False
+        if prev < 0:
+            prev = last if last >= 0 else msg.seq - 1 if self.recovered else 0
         item = Item(publisher, msg.seq, prev, msg.payload, msg, -1)
         self.last_enqueued[publisher] = msg.seq
         self.memory_bytes += item.size
@@ -291,13 +336,20 @@ class SubscriptionQueue:
     def written(self, appended: int) -> asyncio.Future[None]:
         """Completes when the first ``appended`` spilled items are on disk (fsynced)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.spilled_total >= appended or self.closed:
+        if self.held_back is not None:
+            self.held_back.waiters.append(done)  # settled in end_hold_back, once its turn is written
+        elif self.spilled_total >= appended or self.closed:
             done.set_result(None)
         else:
             self._spill_waiters.append((appended, done))
         return done
 
     def _wake_spill_waiters(self, everyone: bool = False) -> None:
+        if everyone and self.held_back is not None:
+            for waiter in self.held_back.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self.held_back.waiters = []
         keep = []
         for target, waiter in self._spill_waiters:
             if everyone or self.spilled_total >= target:
@@ -729,8 +781,58 @@ class SubscriptionQueue:
             # SUBSCRIPTION_EXPIRY counts from when this broker began to serve it: a copy that was
             # a shadow for weeks is not expired the moment its broker takes it over.
             self.idle_since = time.monotonic()
+        was = self.state
         self.state = SERVING
         self.redirect = None
+        if was not in (SERVING, LEAVING):
+            self._serving_changed()
+
+    def _serving_changed(self) -> None:
+        if self.on_serving is not None:
+            self.on_serving()
+
+    # ------------------------------------------------------- restart claim --
+    def hold_back(self) -> None:
+        """Hold what arrives until :meth:`end_hold_back` (pair_state.py, invariant 7)."""
+        if self.held_back is None:
+            self.held_back = HeldBack(dict(self.last_enqueued))
+
+    def end_hold_back(self, fill: Sequence[tuple[int, StoredMessage]] = ()) -> int:
+        """Queue ``fill`` (``(previous number, message)`` from the peer, oldest first), then what was
+        held back, each message once (what this copy holds already is skipped); and let the
+        publishes that waited go on once their messages are where they wait otherwise. Returns how
+        many of ``fill`` were queued."""
+        held = self.held_back
+        if held is None:
+            return 0
+        self.held_back = None
+        # A publisher that came back meanwhile said where it continues (``Broker.resume_publisher``
+        # raised ``last_enqueued``); what the peer fills in below that is what this copy lacks.
+        told = self.last_enqueued
+        self.last_enqueued = dict(held.holds)
+        filled = self.enqueued_total
+        for prev, msg in fill:
+            self.enqueue(msg, prev)  # what the copy holds already is skipped
+        filled = self.enqueued_total - filled
+        for publisher, seq in told.items():
+            if seq > self.last_enqueued.get(publisher, 0):
+                self.last_enqueued[publisher] = seq  # a hole the fill did not reach: the next tells it
+        for msg in held.messages:
+            self.enqueue(msg)
+        waiters = held.waiters
+        if waiters:
+
+            def settle(_: asyncio.Future[None]) -> None:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+            self.written(self.spill_appended).add_done_callback(settle)
+        return filled
+
+    def fill_after(self, position: dict[str, int]) -> list[tuple[int, bytes]]:
+        """What this (away) copy holds after ``position``, oldest first: ``(previous number, message)``."""
+        return [(item.prev, item.payload) for item in self.memory if item.seq > position.get(item.publisher_id, 0)]
 
     def leave(self, redirect: broker_pb2.Redirect) -> bool:
         """Switchover step 3: end the stream with ``redirect``; True if one was attached."""
@@ -767,6 +869,7 @@ class SubscriptionQueue:
         else:
             self.state = SHADOW
         self.redirect = None
+        self._serving_changed()
         return cleared
 
     def _take_newest(self, limit: int) -> list[Item]:
@@ -799,6 +902,7 @@ class SubscriptionQueue:
             self.state = SHADOW
             if self.attached and peer:
                 self.redirect_stream(broker_pb2.Redirect(target=peer, reason="broker demoted"))
+            self._serving_changed()
             return True
         if self.state == AWAY:
             self.state = SHADOW

@@ -2083,6 +2083,7 @@ class DeliveredWatermarks(_message.Message):
     EXPIRED_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_INCLUDED_FIELD_NUMBER: _builtins.int
     NOT_HEARING_YOU_FIELD_NUMBER: _builtins.int
+    FILLS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -2140,6 +2141,15 @@ class DeliveredWatermarks(_message.Message):
         The receiver deletes its copy too.
         """
 
+    @_builtins.property
+    def fills(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueFill]:
+        """What the sender's away copies hold for subscribers the receiver
+        reclaims (SubscriberHoldings.reclaims): the messages after the last
+        numbers the receiver's holdings gave, in the sender's order, in chunks.
+        The receiver puts them before anything that arrived since it restarted
+        and serves the subscriber again (pair_state.py, invariant 7).
+        """
+
     def __init__(
         self,
         *,
@@ -2155,14 +2165,72 @@ class DeliveredWatermarks(_message.Message):
         expired: _abc.Iterable[Global___SubscriptionName] | None = ...,
         subscriptions_included: _builtins.bool = ...,
         not_hearing_you: _builtins.bool = ...,
+        fills: _abc.Iterable[Global___QueueFill] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "fills", b"fills", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeliveredWatermarks: _TypeAlias = DeliveredWatermarks  # noqa: Y015
+
+@_typing.final
+class QueueFill(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    FIRST_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscriber_id: _builtins.str
+    first: _builtins.bool
+    """The first chunk of this fill (what came before is dropped), and the last."""
+    last: _builtins.bool
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueFillItem]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscriber_id: _builtins.str = ...,
+        items: _abc.Iterable[Global___QueueFillItem] | None = ...,
+        first: _builtins.bool = ...,
+        last: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first", b"first", "items", b"items", "last", b"last", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueFill: _TypeAlias = QueueFill  # noqa: Y015
+
+@_typing.final
+class QueueFillItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_SEQ_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    previous_seq: _builtins.int
+    """The subscriber's previous message of the same publisher (0: none)."""
+    message: _builtins.bytes
+    """The Message, serialized."""
+    def __init__(
+        self,
+        *,
+        previous_seq: _builtins.int = ...,
+        message: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "previous_seq", b"previous_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueFillItem: _TypeAlias = QueueFillItem  # noqa: Y015
 
 @_typing.final
 class SubscriberHoldings(_message.Message):
@@ -2172,13 +2240,26 @@ class SubscriberHoldings(_message.Message):
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
     LAST_ENQUEUED_FIELD_NUMBER: _builtins.int
     SERVES_FIELD_NUMBER: _builtins.int
+    RECLAIMS_FIELD_NUMBER: _builtins.int
+    AWAY_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
     serves: _builtins.bool
     """Whether the sender delivers this subscriber (its copy is serving or
     leaving). An active whose copy is away (the peer served the subscriber)
-    serves it again when the peer says it does not: the peer restarted, and
-    a restarted broker serves nobody until it is given a subscriber.
+    serves it again when the peer says it neither serves nor reclaims it (the
+    peer restarted without its copy), or does not hold it at all.
+    """
+    reclaims: _builtins.bool
+    """The sender restarted, and served this subscriber before (its catalog
+    says so): its copy holds what it had spilled to disk. It serves the
+    subscriber again when the receiver's copy is away, once the receiver
+    sent what it holds after `last_enqueued` (DeliveredWatermarks.fills);
+    the receiver does not take the subscriber over meanwhile.
+    """
+    away: _builtins.bool
+    """The sender's copy is away: it handed the subscriber to the receiver and
+    keeps only the newest messages.
     """
     @_builtins.property
     def last_enqueued(self) -> Global___Position:
@@ -2191,10 +2272,12 @@ class SubscriberHoldings(_message.Message):
         subscriber_id: _builtins.str = ...,
         last_enqueued: Global___Position | None = ...,
         serves: _builtins.bool = ...,
+        reclaims: _builtins.bool = ...,
+        away: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued", "serves", b"serves", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["away", b"away", "last_enqueued", b"last_enqueued", "reclaims", b"reclaims", "serves", b"serves", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

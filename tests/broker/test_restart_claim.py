@@ -1,0 +1,120 @@
+"""The queue's side of a restarted broker's claim (pair_state.py, invariant 7): what its segment log
+tells it holds, and how the peer's fill and what arrived meanwhile go in, each message once, with
+its true predecessor. The whole exchange between two real brokers is in test_pair_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from sokutatsu.broker.disk_worker import DiskWorker
+from sokutatsu.broker.messages import StoredMessage
+from sokutatsu.broker.segment_log import SegmentLog
+from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.subscription_queue import SHADOW, SubscriptionQueue
+from sokutatsu.broker.v1 import broker_pb2
+
+PREV = struct.Struct("<Q")
+
+
+def _message(publisher: str, seq: int) -> StoredMessage:
+    payload = broker_pb2.Message(publisher_id=publisher, publisher_seq=seq, body=b"x").SerializeToString()
+    message = StoredMessage(publisher, seq, payload, True)
+    message.hold(1)
+    return message
+
+
+@contextlib.asynccontextmanager
+async def _queue(folder: Path) -> AsyncIterator[SubscriptionQueue]:
+    disk = DiskWorker()
+    worker = asyncio.create_task(disk.run())
+    spec = SubscriptionSpec(
+        subscriber_id="desk",
+        topic="prices",
+        exact_keys=frozenset(),
+        prefixes=(),
+        durable=True,
+        mode="migrate",
+        budget=1 << 40,
+    )
+    queue = SubscriptionQueue(
+        spec=spec,
+        folder=folder,
+        disk=disk,
+        batch_messages=100,
+        batch_bytes=1 << 20,
+        linger_seconds=0.0,
+        state=SHADOW,
+    )
+    try:
+        yield queue
+    finally:
+        queue.discard()
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        disk.close()
+
+
+def _queued(queue: SubscriptionQueue) -> list[tuple[str, int, int]]:
+    return [(item.publisher_id, item.seq, item.prev) for item in queue.memory]
+
+
+async def test_a_recovered_queue_knows_which_numbers_its_log_holds(tmp_path: Path) -> None:
+    """The last number of each publisher in the log is what it holds up to (the peer fills in after
+    it); before the first, it may lack what its subscriber has not acknowledged (it was in memory)."""
+    log = SegmentLog(tmp_path)
+    log.append([PREV.pack(seq - 1) + _message("p1", seq).payload for seq in range(5, 10)])
+    log.append([PREV.pack(seq - 1) + _message("p2", seq).payload for seq in (3, 4)])
+    log.close()
+    async with _queue(tmp_path) as queue:
+        await queue.recover()
+        assert queue.disk_count == 7
+        assert queue.last_enqueued == {"p1": 9, "p2": 4}
+        assert queue.lacks == {"p1": 4, "p2": 2}
+        queue.enqueue(_message("p1", 9))  # a publisher sending again what the log holds
+        assert queue.depth == 7
+
+
+async def test_the_peers_fill_goes_before_what_was_held_back_each_message_once(tmp_path: Path) -> None:
+    """Held back: 16 and 17, after the publisher came back at 16 (what the active acknowledged alone,
+    11 to 15, it never sends here). The fill brings 11 to 16: it goes first, 16 once, and the publish
+    that waited goes on only then."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 10}
+        queue.hold_back()
+        queue.may_lack("p", 15)  # Broker.resume_publisher: the publisher continues at 16
+        queue.last_enqueued["p"] = 15
+        for seq in (16, 17):
+            assert queue.enqueue(_message("p", seq))
+        waiting = queue.written(queue.spill_appended)
+        assert queue.depth == 0
+        assert not waiting.done()
+        filled = queue.end_hold_back([(seq - 1, _message("p", seq)) for seq in range(11, 17)])
+        assert filled == 6
+        assert _queued(queue) == [("p", seq, seq - 1) for seq in range(11, 18)]
+        await asyncio.wait_for(waiting, 5)
+
+
+async def test_a_fill_that_stops_short_leaves_the_hole_told(tmp_path: Path) -> None:
+    """The active's tail did not reach back to 13..15: the next message names 15 as its predecessor,
+    so the SDK reports 13..15 as a gap instead of missing them."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 10}
+        queue.hold_back()
+        queue.last_enqueued["p"] = 15
+        queue.enqueue(_message("p", 16))
+        queue.end_hold_back([(10, _message("p", 11)), (11, _message("p", 12))])
+        assert _queued(queue) == [("p", 11, 10), ("p", 12, 11), ("p", 16, 15)]
+
+
+async def test_a_fill_after_a_hole_in_the_tail_names_its_true_predecessor(tmp_path: Path) -> None:
+    """The active's tail starts at 14 (its prev is 13): this copy holds up to 10, so the first filled
+    message says 13 and the SDK reports 11..13."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 10}
+        queue.hold_back()
+        queue.end_hold_back([(13, _message("p", 14)), (14, _message("p", 15))])
+        assert _queued(queue) == [("p", 14, 13), ("p", 15, 14)]
