@@ -364,12 +364,25 @@ async def test_a_pair_and_its_monitor_work_with_auth_on_and_refuse_others(
     await until(pair_seen, "the monitor to see both brokers serving")
 
     app = auth_file.tokens["app"]
+
+    async def b_holds_app_1() -> bool:
+        async with aio.insecure_channel(b.address) as channel:
+            stats = await broker_pb2_grpc.BrokerAdminStub(channel).GetStats(
+                broker_pb2.GetStatsRequest(), metadata=admin, timeout=RPC_SECONDS
+            )
+        return any(s.subscriber_id == "app-1" for s in stats.subscribers)
+
     async with (
         Subscriber(
             a.address, "app-1", "t.prices", durable=True, mode="migrate", config=ClientConfig(token=app)
         ) as subscriber,
         Publisher(a.address, "app-pub", config=ClientConfig(token=app)) as publisher,
     ):
+        # Published only once broker-b holds app-1 (from broker-a's subscription list). Published
+        # before, broker-a's holdings may bring it to broker-b with "one" in it: broker-b then says
+        # it may lack "one" (it does), and the switchover rightly waits for the subscriber to
+        # acknowledge "one", which the SDK does only when the next message is asked for.
+        await until(b_holds_app_1, "broker-b to hold app-1")
         await publisher.publish("t.prices", "k", b"one")
         await publisher.flush()
         first = await asyncio.wait_for(anext(aiter(subscriber)), LIMIT_SECONDS)
