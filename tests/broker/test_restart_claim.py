@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sokutatsu.broker.disk_worker import DiskWorker
-from sokutatsu.broker.messages import StoredMessage
+from sokutatsu.broker.messages import StoredMessage, Usage
 from sokutatsu.broker.segment_log import SegmentLog
 from sokutatsu.broker.subscription import SubscriptionSpec
 from sokutatsu.broker.subscription_queue import SHADOW, SubscriptionQueue
@@ -118,3 +118,20 @@ async def test_a_fill_after_a_hole_in_the_tail_names_its_true_predecessor(tmp_pa
         queue.hold_back()
         queue.end_hold_back([(13, _message("p", 14)), (14, _message("p", 15))])
         assert _queued(queue) == [("p", 14, 13), ("p", 15, 14)]
+
+
+async def test_a_queue_dropped_while_it_holds_back_releases_what_it_held(tmp_path: Path) -> None:
+    """A subscription deleted (or expired) while its restarted broker settles its claim: the messages
+    held back leave the broker's and topic's counts, and the publishes that waited go on."""
+    usage = Usage("topic prices", 0, 0)
+    async with _queue(tmp_path) as queue:
+        queue.hold_back()
+        held = [StoredMessage("p", seq, b"x" * 10, True, (usage,)) for seq in (1, 2)]
+        for message in held:
+            message.hold(1)
+            queue.enqueue(message)
+        waiting = queue.written(queue.spill_appended)
+        assert (usage.count, usage.bytes) == (2, 20)
+        queue.discard()
+        assert (usage.count, usage.bytes) == (0, 0)
+        await asyncio.wait_for(waiting, 5)

@@ -163,9 +163,11 @@ class Broker:
         self._reclaiming: dict[tuple[str, str], SubscriptionQueue] = {}
         self._fill_parts: dict[tuple[str, str], list[broker_pb2.QueueFillItem]] = {}
         self.fills_wanted: dict[tuple[str, str], dict[str, int]] = {}
-        # When the peer's holdings first said its copy of a reclaimed subscriber is away (monotonic; 0:
-        # not yet): a fill that does not come within RECLAIM_SECONDS ends the claim.
+        # When this broker first heard its peer while it reclaims (monotonic; 0: not yet): a fill that
+        # does not come within RECLAIM_SECONDS of it ends the claims; so does not hearing the peer
+        # within AWAY_WAIT of the start (the peer waits that long for this broker too).
         self._reclaim_since = 0.0
+        self._started = time.monotonic()
         # Bumped when this broker's holdings change within a session (a claim settled): the pair's
         # stream sends them again, so the peer acts on them.
         self.holdings_version = 0
@@ -422,6 +424,7 @@ class Broker:
             topic.reindex()
             if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
                 self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
+                self._end_reclaim((queue.spec.topic, queue.spec.subscriber_id), None, "its subscription is gone")
         queue.discard()
 
     async def attach(
@@ -517,14 +520,13 @@ class Broker:
         """
         spec = queue.spec
         why = f"served by the peer ({_STATE_NAMES[queue.state]} here)"
-        name = (spec.topic, spec.subscriber_id)
-        if name in self._reclaiming:
-            if self.peer_up:
-                raise Unavailable(
-                    f"{self.settings.instance} restarted and served {echo(spec.subscriber_id)} before; it is settling "
-                    f"with its peer {self.peer} which of the two serves it now: retry"
-                )
-            self.end_reclaims("the peer is not heard from")
+        if (spec.topic, spec.subscriber_id) in self._reclaiming and self.peer_up:
+            # Invariant 7 (a standby that does not hear its peer goes on below: promoted, it serves
+            # what it holds; monitored, it refuses until the monitor promotes it).
+            raise Unavailable(
+                f"{self.settings.instance} restarted and served {echo(spec.subscriber_id)} before; it is settling "
+                f"with its peer {self.peer} which of the two serves it now: retry"
+            )
         if self.peer and self.peer_up:
             raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
         if queue.state == AWAY and queue.lacks_after(position):
@@ -991,6 +993,8 @@ class Broker:
         """The peer's frame: it is up; its holdings (at a new session); trim the shadows of the
         subscribers it serves; and, when both are active, the older epoch steps down."""
         self.pair.heard(frame.session, frame.holdings_included, hears_me=not frame.not_hearing_you)
+        if self._reclaiming and not self._reclaim_since:
+            self._reclaim_since = time.monotonic()
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self.apply_holdings(frame.holdings)
@@ -1076,8 +1080,11 @@ class Broker:
     @property
     def reclaim_overdue(self) -> bool:
         """Whether the peer's fill for a reclaimed subscriber is later than it should be."""
+        now = time.monotonic()
         since = self._reclaim_since
-        return bool(since) and time.monotonic() - since > max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
+        if not since:
+            return now - self._started > self.settings.away_wait
+        return now - since > max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
 
     def end_reclaims(self, why: str) -> None:
         """Give up every claim still being settled (the peer is gone, or this broker was promoted)."""
@@ -1111,8 +1118,7 @@ class Broker:
         parts.extend(fill.items)
         if not fill.last:
             return
-        topic = self.topics[fill.topic]
-        usages = (topic.usage, self.usage)
+        usages = (self.topics[fill.topic].usage, self.usage)  # a reclaimed queue's topic stays (_remove_queue)
         messages: list[tuple[int, StoredMessage]] = []
         for item in parts:
             header = broker_pb2.Message.FromString(item.message)
@@ -1153,11 +1159,8 @@ class Broker:
         peer's copy is away, until the fill comes), and the peer's (an away copy here fills it in;
         one the peer neither serves nor reclaims is served here)."""
         name = (held.topic, held.subscriber_id)
-        if name in self._reclaiming:
-            if not held.away:
-                self._end_reclaim(name, None, "the peer's copy is not away")
-            elif not self._reclaim_since:
-                self._reclaim_since = time.monotonic()
+        if name in self._reclaiming and not held.away:
+            self._end_reclaim(name, None, "the peer's copy is not away")
         if queue.state == AWAY and self.role == ACTIVE:
             if held.reclaims:
                 self.fills_wanted[name] = dict(held.last_enqueued.last_seq)

@@ -86,10 +86,10 @@ async def watch_peer(broker: Broker) -> None:
         await asyncio.sleep(PEER_CHECK_SECONDS)
         await broker.confirm_role()
         up = broker.peer_up
-        if broker.reclaiming and (not up or broker.reclaim_overdue):
-            # Invariant 7: a restarted broker that no longer hears its peer, or does not get its fill,
-            # keeps what it holds as shadows.
-            broker.end_reclaims("the peer is not heard from" if not up else "the peer's fill did not come")
+        if broker.reclaiming and broker.reclaim_overdue:
+            # Invariant 7: a restarted broker whose peer's fill did not come keeps what it holds as
+            # shadows (a peer that is silent a moment meanwhile sends it on its next stream).
+            broker.end_reclaims("the peer's fill did not come in time")
         alone = broker.pair.acks_alone()[0]
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")
@@ -109,6 +109,7 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
         if not peer or not own_address():
             await asyncio.sleep(KEEPALIVE_SECONDS)
             continue
+        opened = asyncio.get_running_loop().time()
         try:
             async with open_channel(peer, cluster=True) as channel:
                 stub = broker_pb2_grpc.BrokerControlStub(channel)
@@ -117,8 +118,12 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
             log.debug("watermark stream to %s: %s", peer, exc.code().name)
         except Exception:
             log.exception("watermark stream to %s failed", peer)
-        if broker.pair.link_address != peer:
+        if broker.pair.link_address != peer or asyncio.get_running_loop().time() - opened > RETRY_SECONDS[1]:
+            # A new peer, or a stream that ran a while (a peer that restarted): reconnect at once,
+            # not after the backoff earlier failures built up (a restarted peer waits for this
+            # stream to settle its claims: pair_state.py, invariant 7).
             delay = RETRY_SECONDS[0]
+        if broker.pair.link_address != peer:
             continue
         await asyncio.sleep(delay)
         delay = min(delay * 2, RETRY_SECONDS[1])

@@ -91,10 +91,15 @@ below are enforced here and nowhere else.
    sends what that copy holds after the reclaimer's numbers (a *fill*: what was acknowledged while
    the reclaimer was down, each message with its true predecessor, so a hole neither holds is still
    told as a gap); the reclaimer queues the fill, then what it held back, and serves the subscriber
-   again. When the peer's copy is not away (it serves or shadows the subscriber), the peer serves
-   it, the peer does not hold it, or the peer is not heard, the claim lapses and the copy stays a
-   shadow. Until then it refuses the subscriber (UNAVAILABLE, retry), and the peer does not take it
-   over. (c) An active whose copy is away refuses (UNAVAILABLE, retry) a subscriber whose position is
+   again. The claim lapses, and the copy stays a shadow (what was held back queued after what it
+   holds), when the peer's holdings say its copy is not away, when the peer's watermarks say it
+   serves the subscriber, when the peer does not hold it, when the fill has not come
+   ``RECLAIM_SECONDS`` (at least two peer timeouts) after it first heard the peer (a peer silent a
+   moment meanwhile sends the fill on its next stream), when it has not heard its peer within
+   ``AWAY_WAIT`` of its start, when it is promoted (it serves what it holds), or when the
+   subscription is deleted; it then sends its holdings again, so the peer acts on them. Until then
+   it refuses the subscriber (UNAVAILABLE, retry), and the peer does not take it over.
+   (c) An active whose copy is away refuses (UNAVAILABLE, retry) a subscriber whose position is
    before what its tail holds while it has heard its peer within ``AWAY_WAIT``, and serves it after
    that, telling what it lacks as a gap (the peer's disk may be gone). Before, it served it at once:
    the restarted standby recovered from disk what the subscriber had been told was a gap (chaos

@@ -1027,6 +1027,10 @@ class SubscriptionQueue:
         """
         self.closed = True
         self._wake_spill_waiters(everyone=True)
+        if self.held_back is not None:
+            for msg in self.held_back.messages:
+                msg.release()
+            self.held_back = None
         self.clear()
         self._wake()
         log = self.log
