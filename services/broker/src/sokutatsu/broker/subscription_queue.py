@@ -129,9 +129,6 @@ class SubscriptionQueue:
     # Called when the queue starts or stops being served here (the broker records it: pair_state.py,
     # invariant 7).
     on_serving: Callable[[], None] | None = None
-    # While this broker, restarted, settles with its peer whether it serves the subscriber again
-    # (invariant 7): what arrives meanwhile, and the publishes waiting for it to be written. None otherwise.
-    held_back: HeldBack | None = None
 
     def __init__(
         self,
@@ -189,9 +186,11 @@ class SubscriptionQueue:
         self.spill_buffer: list[Item] = []
         self.spilling = 0
         self._spill_scheduled = False
-        self.disk_count = 0
-        self.disk_bytes = 0
-        self.memory_bytes = 0
+        self.disk_count = self.disk_bytes = self.memory_bytes = 0
+        # While this broker, restarted, settles with its peer whether it serves the subscriber again
+        # (pair_state.py, invariant 7): what arrives meanwhile, and the publishes waiting for it to be
+        # written. None otherwise. (An attribute of the instance: enqueue reads it per message.)
+        self.held_back: HeldBack | None = None
         self.log: SegmentLog | None = None
         self.last_enqueued: dict[str, int] = {}
         self.delivered: dict[str, int] = {}
@@ -268,21 +267,21 @@ class SubscriptionQueue:
         """Queue ``msg`` (already held once for this queue by the caller); True if it goes to disk
         (or is held back: :meth:`written` then waits for its turn). ``prev``: its predecessor when
         known (a peer's fill), else the last one queued here."""
-        held = self.held_back
-        if held is not None:
-            held.messages.append(msg)
+        if self.held_back is not None:
+            self.held_back.messages.append(msg)
             return True
         publisher = msg.publisher_id
+        seq = msg.seq
         last = self.last_enqueued.get(publisher, -1)
-        if msg.seq <= last:
+        if seq <= last:
             # Held already: a peer's fill (pair_state.py, invariant 7) or a restart's disk, and now a
             # publisher sending it again.
             msg.release()
             return False
         if prev < 0:
-            prev = last if last >= 0 else msg.seq - 1 if self.recovered else 0
-        item = Item(publisher, msg.seq, prev, msg.payload, msg, -1)
-        self.last_enqueued[publisher] = msg.seq
+            prev = last if last >= 0 else seq - 1 if self.recovered else 0
+        item = Item(publisher, seq, prev, msg.payload, msg, -1)
+        self.last_enqueued[publisher] = seq
         self.memory_bytes += item.size
         to_disk = True
         if self.state == AWAY:
