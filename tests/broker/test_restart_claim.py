@@ -113,6 +113,22 @@ async def test_a_fill_that_stops_short_leaves_the_hole_told(tmp_path: Path) -> N
         assert _queued(queue) == [("p", 11, 10), ("p", 12, 11), ("p", 16, 15)]
 
 
+async def test_what_was_held_back_inside_a_hole_is_kept_and_the_rest_of_the_hole_told(tmp_path: Path) -> None:
+    """Held back 21..30 (sent here after the restart); then the publisher came back at 41 (the peer
+    acknowledged 21..40 alone, not hearing this broker), and no fill came. 21..30 are queued, not
+    skipped as below the resume point; the next message, 41, names 40, so 31..40 are told as a gap."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 20}
+        queue.hold_back()
+        for seq in range(21, 31):
+            queue.enqueue(_message("p", seq))
+        queue.may_lack("p", 40)
+        queue.last_enqueued["p"] = 40  # Broker.resume_publisher
+        queue.end_hold_back()
+        queue.enqueue(_message("p", 41))
+        assert _queued(queue) == [*(("p", seq, seq - 1) for seq in range(21, 31)), ("p", 41, 40)]
+
+
 async def test_a_fill_after_a_hole_in_the_tail_names_its_true_predecessor(tmp_path: Path) -> None:
     """The active's tail starts at 14 (its prev is 13): this copy holds up to 10, so the first filled
     message says 13 and the SDK reports 11..13."""

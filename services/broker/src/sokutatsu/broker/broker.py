@@ -167,7 +167,7 @@ class Broker:
         # does not come within RECLAIM_SECONDS of it ends the claims; so does not hearing the peer
         # within AWAY_WAIT of the start (the peer waits that long for this broker too).
         self._reclaim_since = 0.0
-        self._started = time.monotonic()
+        self._started = time.monotonic()  # set again once open() recovered the queues
         # Bumped when this broker's holdings change within a session (a claim settled): the pair's
         # stream sends them again, so the peer acts on them.
         self.holdings_version = 0
@@ -193,6 +193,9 @@ class Broker:
                 queue.hold_back()
                 self._reclaiming[name] = queue
         await self.disk.call(self._remove_stray_folders, set(self._all_queue_folders()))
+        # The claims' limits count from here: the peer can reach this broker only once it serves,
+        # which is after the recovery above (its length grows with what is on disk).
+        self._started = time.monotonic()
 
     async def close(self) -> None:
         for topic in self.topics.values():
@@ -228,7 +231,9 @@ class Broker:
                 for t in self.topics.values()
                 for q in t.queue_list
                 if q.spec.durable and q.state in (SERVING, LEAVING)
-            },
+            }
+            # A claim being settled stays recorded: a second crash meanwhile keeps it.
+            | set(self._reclaiming),
         )
 
     def _serving_changed(self) -> None:
@@ -1077,14 +1082,17 @@ class Broker:
         """How many queues this broker, restarted, is settling with its peer (invariant 7)."""
         return len(self._reclaiming)
 
-    @property
-    def reclaim_overdue(self) -> bool:
-        """Whether the peer's fill for a reclaimed subscriber is later than it should be."""
+    def reclaim_overdue(self) -> str:
+        """Why the claims being settled end now (invariant 7), or "" while they may go on: the peer's
+        fill did not come ``RECLAIM_SECONDS`` (at least two peer timeouts) after this broker first
+        heard the peer, or the peer was not heard within ``AWAY_WAIT`` (at least as long) of the start."""
         now = time.monotonic()
+        least = max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
         since = self._reclaim_since
         if not since:
-            return now - self._started > self.settings.away_wait
-        return now - since > max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
+            wait = max(self.settings.away_wait, least)
+            return f"the peer was not heard within {wait:g}s of the start" if now - self._started > wait else ""
+        return f"the peer's fill did not come within {least:g}s" if now - since > least else ""
 
     def end_reclaims(self, why: str) -> None:
         """Give up every claim still being settled (the peer is gone, or this broker was promoted)."""

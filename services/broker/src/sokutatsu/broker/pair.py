@@ -86,10 +86,11 @@ async def watch_peer(broker: Broker) -> None:
         await asyncio.sleep(PEER_CHECK_SECONDS)
         await broker.confirm_role()
         up = broker.peer_up
-        if broker.reclaiming and broker.reclaim_overdue:
+        overdue = broker.reclaiming and broker.reclaim_overdue()
+        if overdue:
             # Invariant 7: a restarted broker whose peer's fill did not come keeps what it holds as
             # shadows (a peer that is silent a moment meanwhile sends it on its next stream).
-            broker.end_reclaims("the peer's fill did not come in time")
+            broker.end_reclaims(overdue)
         alone = broker.pair.acks_alone()[0]
         if up != was_up:
             log.warning("peer %s is %s", broker.peer or "(unknown)", "back" if up else "not heard from")

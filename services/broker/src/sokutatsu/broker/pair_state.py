@@ -96,9 +96,10 @@ below are enforced here and nowhere else.
    serves the subscriber, when the peer does not hold it, when the fill has not come
    ``RECLAIM_SECONDS`` (at least two peer timeouts) after it first heard the peer (a peer silent a
    moment meanwhile sends the fill on its next stream), when it has not heard its peer within
-   ``AWAY_WAIT`` of its start, when it is promoted (it serves what it holds), or when the
-   subscription is deleted; it then sends its holdings again, so the peer acts on them. Until then
-   it refuses the subscriber (UNAVAILABLE, retry), and the peer does not take it over.
+   ``AWAY_WAIT`` (at least as long) of having recovered its queues, when it is promoted (it serves
+   what it holds), or when the subscription is deleted; it then sends its holdings again, so the
+   peer acts on them. Until then it refuses the subscriber (UNAVAILABLE, retry), the peer does not
+   take it over, and its catalog keeps the claim (a second crash meanwhile reclaims again).
    (c) An active whose copy is away refuses (UNAVAILABLE, retry) a subscriber whose position is
    before what its tail holds while it has heard its peer within ``AWAY_WAIT``, and serves it after
    that, telling what it lacks as a gap (the peer's disk may be gone). Before, it served it at once:

@@ -813,11 +813,15 @@ class SubscriptionQueue:
         for prev, msg in fill:
             self.enqueue(msg, prev)  # what the copy holds already is skipped
         filled = self.enqueued_total - filled
-        for publisher, seq in told.items():
-            if seq > self.last_enqueued.get(publisher, 0):
-                self.last_enqueued[publisher] = seq  # a hole the fill did not reach: the next tells it
+        last = self.last_enqueued
         for msg in held.messages:
+            hole = told.get(msg.publisher_id, 0)
+            if msg.seq > hole > last.get(msg.publisher_id, 0):
+                last[msg.publisher_id] = hole  # a hole neither filled nor held: this message tells it
             self.enqueue(msg)
+        for publisher, seq in told.items():
+            if seq > last.get(publisher, 0):
+                last[publisher] = seq  # the same for the next message of a publisher held none after it
         waiters = held.waiters
         if waiters:
 
