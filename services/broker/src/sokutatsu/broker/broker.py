@@ -165,7 +165,7 @@ class Broker:
         self.fills_wanted: dict[tuple[str, str], dict[str, int]] = {}
         # When this broker first heard its peer while it reclaims (monotonic; 0: not yet): a fill that
         # does not come within RECLAIM_SECONDS of it ends the claims; so does not hearing the peer
-        # within AWAY_WAIT of the start (the peer waits that long for this broker too).
+        # that long after the queues were recovered.
         self._reclaim_since = 0.0
         self._started = time.monotonic()  # set again once open() recovered the queues
         # Bumped when this broker's holdings change within a session (a claim settled): the pair's
@@ -1085,14 +1085,13 @@ class Broker:
     def reclaim_overdue(self) -> str:
         """Why the claims being settled end now (invariant 7), or "" while they may go on: the peer's
         fill did not come ``RECLAIM_SECONDS`` (at least two peer timeouts) after this broker first
-        heard the peer, or the peer was not heard within ``AWAY_WAIT`` (at least as long) of the start."""
-        now = time.monotonic()
-        least = max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
-        since = self._reclaim_since
-        if not since:
-            wait = max(self.settings.away_wait, least)
-            return f"the peer was not heard within {wait:g}s of the start" if now - self._started > wait else ""
-        return f"the peer's fill did not come within {least:g}s" if now - since > least else ""
+        heard the peer, or the peer was not heard that long after the queues were recovered."""
+        wait = max(RECLAIM_SECONDS, 2 * self.pair.peer_timeout)
+        if self._reclaim_since:
+            late = time.monotonic() - self._reclaim_since > wait
+            return f"the peer's fill did not come within {wait:g}s" if late else ""
+        late = time.monotonic() - self._started > wait
+        return f"the peer was not heard within {wait:g}s of the start" if late else ""
 
     def end_reclaims(self, why: str) -> None:
         """Give up every claim still being settled (the peer is gone, or this broker was promoted)."""

@@ -95,8 +95,8 @@ below are enforced here and nowhere else.
    holds), when the peer's holdings say its copy is not away, when the peer's watermarks say it
    serves the subscriber, when the peer does not hold it, when the fill has not come
    ``RECLAIM_SECONDS`` (at least two peer timeouts) after it first heard the peer (a peer silent a
-   moment meanwhile sends the fill on its next stream), when it has not heard its peer within
-   ``AWAY_WAIT`` (at least as long) of having recovered its queues, when it is promoted (it serves
+   moment meanwhile sends the fill on its next stream), when it has not heard its peer as long
+   after it recovered its queues, when it is promoted (it serves
    what it holds), or when the subscription is deleted; it then sends its holdings again, so the
    peer acts on them. Until then it refuses the subscriber (UNAVAILABLE, retry), the peer does not
    take it over, and its catalog keeps the claim (a second crash meanwhile reclaims again).
