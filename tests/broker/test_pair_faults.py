@@ -355,6 +355,15 @@ async def test_a_publisher_reconnecting_while_the_survivor_acknowledges_alone_lo
                     await asyncio.sleep(0.05)
             finally:
                 pair.standby.thaw()
+
+            async def rejoined_streams() -> bool:
+                return (await stats(pair.standby.address)).publisher_streams > 0 and (
+                    await stats(pair.active.address)
+                ).peer_up
+
+            # The last part goes to both (else, on a slow machine, the survivor acknowledged all of it
+            # alone before it heard the thawed broker again: 2 runs in 10, before and after invariant 7).
+            await until(rejoined_streams, "the publisher's stream to the rejoined broker, heard by the survivor")
             await _publish_from(pub, 3001, 4000)
     desk.check({"feed": 4000})
     rejoined = await stats(pair.standby.address)
