@@ -1,6 +1,7 @@
 """The queue's side of a restarted broker's claim (pair_state.py, invariant 7): what its segment log
 tells it holds, and how the peer's fill and what arrived meanwhile go in, each message once, with
-its true predecessor. The whole exchange between two real brokers is in test_pair_faults.py."""
+its true predecessor; and a race of the broker's own found beside it (an adopted subscription replacing
+an accepted one). The whole exchange between two real brokers is in test_pair_faults.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sokutatsu.broker.messages import StoredMessage, Usage
 from sokutatsu.broker.segment_log import SegmentLog
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import SubscriptionSpec
-from sokutatsu.broker.subscription_queue import SHADOW, SubscriptionQueue
+from sokutatsu.broker.subscription_queue import SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.settings import load
 
@@ -200,6 +201,31 @@ async def test_a_reclaiming_broker_asks_for_what_its_log_lacks_not_from_where_a_
         (held,) = second.holdings()
         assert held.reclaims
         assert dict(held.last_enqueued.last_seq) == {"p": 20}
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        disk.close()
+
+
+async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepted_meanwhile(tmp_path: Path) -> None:
+    """``adopt_subscriptions`` creates the topic first, which awaits the disk (the catalog); an
+    ``AcceptSubscriber`` that came meanwhile made the queue, serving. Adopting then made a second
+    queue, a shadow, in its place: the switchover's subscriber was redirected as "served by the peer
+    (shadow here)" (seen in make test). A broker in this process; the adoption is let run up to its
+    first wait, then the accept runs."""
+    env = {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path), "SOKUTATSU_BROKER_ROLE": "standby"}
+    desk = broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
+    disk = DiskWorker()
+    worker = asyncio.create_task(disk.run())
+    try:
+        broker = Broker(load(BrokerSettings, env), disk)
+        await broker.open()
+        adopting = asyncio.create_task(broker.adopt_subscriptions([desk], whole=True))
+        await asyncio.sleep(0)  # the adoption made the topic and waits for the catalog on disk
+        accepted, _ = await broker.accept(desk, {})
+        await adopting
+        assert broker.queue("prices", "desk") is accepted
+        assert accepted.state == SERVING
     finally:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
