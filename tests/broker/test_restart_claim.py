@@ -24,17 +24,28 @@ from sokutatsu.core.settings import load
 PREV = struct.Struct("<Q")
 
 
-def _message(publisher: str, seq: int) -> StoredMessage:
-    payload = broker_pb2.Message(publisher_id=publisher, publisher_seq=seq, body=b"x").SerializeToString()
+def _message(publisher: str, seq: int, body: bytes = b"x") -> StoredMessage:
+    payload = broker_pb2.Message(publisher_id=publisher, publisher_seq=seq, body=body).SerializeToString()
     message = StoredMessage(publisher, seq, payload, True)
     message.hold(1)
     return message
 
 
 @contextlib.asynccontextmanager
-async def _queue(folder: Path) -> AsyncIterator[SubscriptionQueue]:
+async def _running_disk() -> AsyncIterator[DiskWorker]:
+    """A broker's disk worker, running (as the broker's bootstrap runs it)."""
     disk = DiskWorker()
     worker = asyncio.create_task(disk.run())
+    try:
+        yield disk
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        disk.close()
+
+
+@contextlib.asynccontextmanager
+async def _queue(folder: Path) -> AsyncIterator[SubscriptionQueue]:
     spec = SubscriptionSpec(
         subscriber_id="desk",
         topic="prices",
@@ -44,22 +55,20 @@ async def _queue(folder: Path) -> AsyncIterator[SubscriptionQueue]:
         mode="migrate",
         budget=1 << 40,
     )
-    queue = SubscriptionQueue(
-        spec=spec,
-        folder=folder,
-        disk=disk,
-        batch_messages=100,
-        batch_bytes=1 << 20,
-        linger_seconds=0.0,
-        state=SHADOW,
-    )
-    try:
-        yield queue
-    finally:
-        queue.discard()
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
-        disk.close()
+    async with _running_disk() as disk:
+        queue = SubscriptionQueue(
+            spec=spec,
+            folder=folder,
+            disk=disk,
+            batch_messages=100,
+            batch_bytes=1 << 20,
+            linger_seconds=0.0,
+            state=SHADOW,
+        )
+        try:
+            yield queue
+        finally:
+            queue.discard()
 
 
 def _queued(queue: SubscriptionQueue) -> list[tuple[str, int, int]]:
@@ -175,20 +184,14 @@ async def test_a_reclaiming_broker_asks_for_what_its_log_lacks_not_from_where_a_
         "SOKUTATSU_BROKER_QUEUE_BUDGET": "1KiB",
     }
     desk = broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
-    disk = DiskWorker()
-    worker = asyncio.create_task(disk.run())
-    try:
+    async with _running_disk() as disk:
         first = Broker(load(BrokerSettings, env), disk)
         await first.open()
         await first.create_subscription(first.subscription_spec(desk))
         queue = first.queue("prices", "desk")
         queue.serve()  # as after AcceptSubscriber: this standby serves desk
         for seq in range(1, 21):
-            body = b"x" * 200  # over the budget in a few: spilled
-            payload = broker_pb2.Message(publisher_id="p", publisher_seq=seq, body=body).SerializeToString()
-            message = StoredMessage("p", seq, payload, True)
-            message.hold(1)
-            queue.enqueue(message)
+            queue.enqueue(_message("p", seq, b"x" * 200))  # over the budget in a few: spilled
         await queue.written(queue.spill_appended)
         await first._save_catalog()  # what AcceptSubscriber records on disk
         assert queue.disk_count == 20
@@ -201,10 +204,6 @@ async def test_a_reclaiming_broker_asks_for_what_its_log_lacks_not_from_where_a_
         (held,) = second.holdings()
         assert held.reclaims
         assert dict(held.last_enqueued.last_seq) == {"p": 20}
-    finally:
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
-        disk.close()
 
 
 async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepted_meanwhile(tmp_path: Path) -> None:
@@ -215,9 +214,7 @@ async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepte
     first wait, then the accept runs."""
     env = {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path), "SOKUTATSU_BROKER_ROLE": "standby"}
     desk = broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
-    disk = DiskWorker()
-    worker = asyncio.create_task(disk.run())
-    try:
+    async with _running_disk() as disk:
         broker = Broker(load(BrokerSettings, env), disk)
         await broker.open()
         adopting = asyncio.create_task(broker.adopt_subscriptions([desk], whole=True))
@@ -226,7 +223,3 @@ async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepte
         await adopting
         assert broker.queue("prices", "desk") is accepted
         assert accepted.state == SERVING
-    finally:
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
-        disk.close()

@@ -1006,9 +1006,8 @@ class Broker:
         if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
             self._roles_changed()
         for mark in frame.subscribers:
-            name = (mark.topic, mark.subscriber_id)
-            if name in self._reclaiming:  # the peer serves it (invariant 7)
-                self._end_reclaim(name, None, "the peer serves it")
+            if self._reclaiming and (mark.topic, mark.subscriber_id) in self._reclaiming:
+                self._end_reclaim((mark.topic, mark.subscriber_id), None, "the peer serves it")  # invariant 7
             topic = self.topics.get(mark.topic)
             queue = topic.queues.get(mark.subscriber_id) if topic else None
             if queue is not None and queue.state in (SHADOW, AWAY):

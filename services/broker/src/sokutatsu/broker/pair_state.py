@@ -241,7 +241,7 @@ class PairState:
     @property
     def peer_up(self) -> bool:
         """Whether the peer sent a frame within the peer timeout (invariant 3)."""
-        return self.clock() - self.heard_at < self.peer_timeout
+        return self.silent_for() < self.peer_timeout
 
     def silent_for(self) -> float:
         """Seconds since the peer's last frame (or since start, for a known peer; huge for none)."""
