@@ -12,6 +12,9 @@ Run it as ``python -m sokutatsu.queuedb.transferd`` (serves gRPC health only).
 
 from __future__ import annotations
 
+import sokutatsu.core.grpc_environment  # noqa: F401 - sets gRPC's environment: before anything loads grpc
+
+# isort: split
 import asyncio
 import os
 from collections.abc import Sequence
@@ -181,5 +184,4 @@ def main() -> NoReturn:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     main()

@@ -1,8 +1,6 @@
-import os
+import sokutatsu.core.grpc_environment  # noqa: F401 - sets gRPC's environment: before anything loads grpc
 
-# gRPC's C core reads this when it loads; errors it would print are reported in one line of ours.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-
-from sokutatsu.sequencer.server import main  # after the environment is set
+# isort: split
+from sokutatsu.sequencer.server import main
 
 main()

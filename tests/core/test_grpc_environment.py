@@ -1,0 +1,52 @@
+"""gRPC's environment (core/grpc_environment.py): every service's entry point sets it before grpc loads,
+and a value its starter gave is kept."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sokutatsu.core import grpc_environment
+
+# Each entry point, and a setting that makes it stop once its modules are loaded (before it serves).
+ENTRY_POINTS = {
+    "sokutatsu.broker": "SOKUTATSU_BROKER_LISTEN",
+    "sokutatsu.monitor": "SOKUTATSU_MONITOR_LISTEN",
+    "sokutatsu.sequencer": "SOKUTATSU_SEQUENCER_LISTEN",
+    "sokutatsu.queuedb": "SOKUTATSU_QUEUEDB_LISTEN",
+    "sokutatsu.queuedb.transferd": "SOKUTATSU_TRANSFER_LISTEN",
+}
+
+
+def _imported(stderr: str) -> list[str]:
+    """The modules in the order their imports ended (``python -X importtime``)."""
+    return [line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_an_entry_point_sets_grpc_s_environment_before_grpc_loads(module: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in grpc_environment.DEFAULTS}
+    env |= {"PYTHONPROFILEIMPORTTIME": "1", ENTRY_POINTS[module]: "not-an-address"}
+    result = subprocess.run(
+        [sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "not-an-address" in result.stderr.splitlines()[-1]
+    imported = _imported(result.stderr)
+    grpc_modules = [i for i, name in enumerate(imported) if name == "grpc" or name.startswith("grpc.")]
+    assert grpc_modules, "the entry point loads grpc"
+    # An import's line comes when it ends: grpc_environment imports nothing of grpc's, so any grpc module
+    # loaded before it would be listed before it.
+    assert imported.index("sokutatsu.core.grpc_environment") < min(grpc_modules)
+
+
+def test_a_value_given_by_the_starter_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "")
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    importlib.reload(grpc_environment)
+    assert os.environ["GRPC_EXPERIMENTS"] == ""  # given: gRPC's own defaults
+    assert os.environ["GRPC_VERBOSITY"] == "NONE"  # not given: ours
