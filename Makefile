@@ -61,6 +61,7 @@ bench: setup ## Benchmarks, figures to bench/results/ (QUICK=1 for a smoke run o
 	$(RUN) sokutatsu bench analytics $(if $(QUICK),--spans 100000) --json bench/results/analytics$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench soak $(if $(QUICK),--quick) --json bench/results/soak$(if $(QUICK),-quick).json
 	$(RUN) sokutatsu bench fanout $(if $(QUICK),--quick) --json bench/results/fanout$(if $(QUICK),-quick).json --plots bench/results/plots$(if $(QUICK),-quick)
+	$(RUN) sokutatsu bench grpc-cost $(if $(QUICK),--quick) --json bench/results/grpc-cost$(if $(QUICK),-quick).json
 
 chaos: setup ## Fault schedules against the broker pair, checked; report to bench/results/ (SEEDS=3 MINUTES=1 DELIVERY_WORKERS=0)
 	$(RUN) sokutatsu chaos --seeds $(or $(SEEDS),3) --minutes $(or $(MINUTES),1) --delivery-workers $(or $(DELIVERY_WORKERS),0)

@@ -419,6 +419,42 @@ def bench_fanout(
         raise typer.Exit(1)
 
 
+def bench_grpc_cost(
+    quick: Annotated[bool, typer.Option("--quick", help="One turn of 3 s per variant: a smoke run.")] = False,
+    rate: Annotated[int, typer.Option("--rate", help="Requests a second on the stream.")] = 560,
+    rounds: Annotated[int | None, typer.Option("--rounds", help="Turns per variant (default 4; quick 1).")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Result file (default bench/results/grpc-cost-<UTC time>.json).")
+    ] = None,
+) -> None:
+    """A bare grpc.aio server's CPU per request/response pair, with the services' gRPC environment and gRPC's own."""
+    import dataclasses  # noqa: PLC0415 - only for this command
+    import time  # noqa: PLC0415
+
+    from sokutatsu.bench.grpc_cost import QUICK, Config, markdown, run  # noqa: PLC0415
+    from sokutatsu.cli.measure import machine, write_json  # noqa: PLC0415 - only for this command
+
+    cfg = dataclasses.replace(QUICK if quick else Config(), rate=rate)
+    if rounds is not None:
+        cfg = dataclasses.replace(cfg, rounds=rounds)
+    console.print(
+        f"bench grpc-cost: {cfg.rate:,} requests/s of {cfg.size} B, {cfg.seconds:g} s per turn, {cfg.rounds} turn(s) "
+        "per variant, alternating"
+    )
+    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+    path = json_path or Path(f"bench/results/grpc-cost-{stamp}{'-quick' if quick else ''}.json")
+    result = asyncio.run(run(cfg))
+    result["mode"] = "quick" if quick else "full"
+    result["machine"] = machine()
+    text = markdown(result)
+    console.print(text)
+    write_json(path, result)
+    path.with_suffix(".md").write_text(
+        text + f"Machine: {result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}).\n"
+    )
+    console.print(f"wrote {path} and {path.with_suffix('.md')}")
+
+
 bench_app = typer.Typer(help="Benchmarks that print figures and write JSON.", no_args_is_help=True)
 bench_app.command("throughput")(bench_throughput)
 bench_app.command("switchover")(bench_switchover)
@@ -429,3 +465,4 @@ bench_app.command("queue-db")(bench_queuedb)
 bench_app.command("analytics")(bench_analytics)
 bench_app.command("soak")(bench_soak)
 bench_app.command("fanout")(bench_fanout)
+bench_app.command("grpc-cost")(bench_grpc_cost)
