@@ -64,6 +64,9 @@ class Topic:
     # The queues as a list, and by the keys they take (the publish loop's routing).
     queue_list: list[SubscriptionQueue] = field(default_factory=list)
     index: KeyIndex[SubscriptionQueue] = field(default_factory=lambda: KeyIndex([]))
+    # The queues whose retention refuses publishes at its maximum bytes: the only ones a publish asks
+    # whether they are full (a queue's retention is fixed when it is made).
+    refusers: list[SubscriptionQueue] = field(default_factory=list)
     # Per publisher that published on this topic, its last sequence number this broker took (of
     # any topic: a publisher's numbers run across its topics). A new queue holds what comes after.
     published: dict[str, int] = field(default_factory=dict)
@@ -76,6 +79,7 @@ class Topic:
     def reindex(self) -> None:
         self.queue_list = list(self.queues.values())
         self.index = KeyIndex(self.queue_list)
+        self.refusers = [q for q in self.queue_list if q.retention.refuses]
 
 
 @dataclass
@@ -654,7 +658,7 @@ class Broker:
         duplicates = dropped = 0
         rejection: broker_pb2.PublishRejection | None = None
         # refuse_publish queues at their maximum bytes (looked at once per batch).
-        full = [q for q in topic.queue_list if q.full()]
+        full = [q for q in topic.refusers if q.full()]
         usages = (topic.usage, self.usage)
         messages = batch.messages
         spilled: set[SubscriptionQueue] = set()

@@ -49,6 +49,11 @@ class Retention:
         so, but a proto's keyword arguments take only a real dict for a message field)."""
         return {"max_bytes": self.max_bytes, "max_age_ms": self.max_age_ms, "policy": _POLICY_ENUMS[self.policy]}
 
+    @property
+    def refuses(self) -> bool:
+        """Whether a queue under these limits refuses publishes at its maximum bytes."""
+        return bool(self.max_bytes) and self.policy == REFUSE_PUBLISH
+
     def within(self, requested: Retention) -> Retention:
         """The limits in force for a subscription that asked for ``requested`` (0 / "" = these)."""
         return Retention(

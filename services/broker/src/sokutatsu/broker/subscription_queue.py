@@ -58,7 +58,7 @@ from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_body, delivery_element
 from sokutatsu.broker.retention import AGE, BYTES, RetentionGaps
 from sokutatsu.broker.segment_log import HEADER_BYTES, SegmentLog, SegmentLogError
-from sokutatsu.broker.subscription import DROP_OLDEST, REFUSE_PUBLISH, Retention, SubscriptionSpec
+from sokutatsu.broker.subscription import DROP_OLDEST, Retention, SubscriptionSpec
 from sokutatsu.broker.v1 import broker_pb2
 
 _PREV = struct.Struct("<Q")
@@ -318,11 +318,10 @@ class SubscriptionQueue:
     def full(self) -> bool:
         """Whether a ``refuse_publish`` queue is at its maximum bytes (segment files and what waits
         to be written): its topic's persistent publishes are refused until it has room."""
-        limit = self.retention.max_bytes
-        if not limit or self.retention.policy != REFUSE_PUBLISH or not self.disk_mode:
+        if not self.retention.refuses or not self.disk_mode:
             return False
         pending = sum(_PREV.size + HEADER_BYTES + i.size for i in self.spill_buffer)
-        return self.file_bytes + pending >= limit
+        return self.file_bytes + pending >= self.retention.max_bytes
 
     def not_kept(self, publisher: str, seq: int) -> None:
         """A non-persistent message was not kept because this ``refuse_publish`` queue is full;
