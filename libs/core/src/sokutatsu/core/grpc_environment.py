@@ -1,17 +1,17 @@
-"""The environment gRPC's C core reads once, when it loads: every service's entry point imports this
-module before anything imports grpc (``python -m sokutatsu.broker``, ``sokutatsu.monitor``,
-``sokutatsu.sequencer``, ``sokutatsu.queuedb``, ``sokutatsu.queuedb.transferd`` and the broker's
-delivery workers). Importing it sets each variable below unless the environment already has it: a value
-given by whoever starts the service wins. It must not import grpc itself.
+"""The environment gRPC's C core reads once, when it loads: every service's entry point imports this module
+before anything imports grpc (``python -m sokutatsu.broker``, ``sokutatsu.monitor``, ``sokutatsu.sequencer``,
+``sokutatsu.queuedb``, ``sokutatsu.queuedb.transferd``; the broker's delivery workers inherit the broker's
+environment). Importing it sets each variable below unless the environment already has it: a value given by
+whoever starts the service wins. It must not import grpc itself.
 
 - ``GRPC_VERBOSITY=NONE``: errors gRPC would print are reported in one line of ours.
 - ``GRPC_EXPERIMENTS=-event_engine_listener,-event_engine_client``: gRPC's sockets are served by its
-  long-standing poller instead of the EventEngine, which grpcio turned on for Python in 2026. With the
-  EventEngine each message read or written on a socket hops between gRPC's EventEngine threads and the
-  asyncio loop; a minimal grpc.aio echo server at 560 request/response pairs a second used 145-207 µs of
-  CPU per pair with it and 102-144 µs without, alternating in one session (grpcio 1.85), and the brokers
-  under ``bench fanout`` about 7 % less (docs/broker.md, Fan-out). ``GRPC_EXPERIMENTS=`` (empty) keeps
-  gRPC's own defaults.
+  long-standing poller instead of the EventEngine, which grpcio turned on for Python in 2026 and which costs
+  more CPU per message here: ``sokutatsu bench grpc-cost`` (a bare grpc.aio server, 560 request/response pairs a
+  second, grpcio 1.85) measured 143-177 µs of CPU per pair with it and 109-123 µs without
+  (``bench/results/grpc-cost-2026-11-28T2254Z.md``), and both brokers under ``bench fanout`` used 0.90 to 1.00
+  times the CPU per delivery (``bench/results/fanout-grpc-env-ab-2026-11-28.md``). Given empty, gRPC keeps its
+  own defaults.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ import os
 DEFAULTS = {
     "GRPC_VERBOSITY": "NONE",
     "GRPC_EXPERIMENTS": "-event_engine_listener,-event_engine_client",
+}
+# What each means, for the configuration reference (``sokutatsu config``).
+MEANINGS = {
+    "GRPC_VERBOSITY": "gRPC's own logging (read by gRPC): NONE, as services set it, leaves errors to the service's "
+    "one-line reports; ERROR, INFO or DEBUG to see gRPC's.",
+    "GRPC_EXPERIMENTS": "gRPC's experiments (read by gRPC, comma-separated, - turns one off). The services turn off "
+    "its EventEngine for sockets, which costs more CPU per message (bench grpc-cost; docs/broker.md, Fan-out); set "
+    "it empty for gRPC's defaults. The SDK leaves an application's environment alone: set it there too for the "
+    "same saving.",
 }
 
 for _name, _value in DEFAULTS.items():
