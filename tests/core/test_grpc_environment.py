@@ -3,7 +3,6 @@ and a value its starter gave is kept."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -47,6 +46,18 @@ def test_an_entry_point_sets_grpc_s_environment_before_grpc_loads(module: str) -
 def test_a_value_given_by_the_starter_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPC_EXPERIMENTS", "")
     monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
-    importlib.reload(grpc_environment)
+    grpc_environment.apply()
     assert os.environ["GRPC_EXPERIMENTS"] == ""  # given: gRPC's own defaults
     assert os.environ["GRPC_VERBOSITY"] == "NONE"  # not given: ours
+
+
+def test_importing_the_modules_that_read_it_sets_nothing() -> None:
+    """Only a service's entry point sets gRPC's environment: the CLI (and the processes it starts, such as the
+    benchmarks' clients), the benchmarks and a test importing the transfer daemon's module keep the one they got."""
+    env = {k: v for k, v in os.environ.items() if k not in grpc_environment.DEFAULTS}
+    modules = "sokutatsu.cli.app, sokutatsu.bench.grpc_cost, sokutatsu.queuedb.transferd"
+    code = f"import os, {modules}; print(sorted(k for k in ('GRPC_VERBOSITY', 'GRPC_EXPERIMENTS') if k in os.environ))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -103,6 +103,8 @@ async def _turn(cfg: Config, experiments: str) -> dict[str, Any]:
                     window = (process_cpu(server.pid), answered)
                 if window is not None and now - start >= 1.0 + cfg.seconds:
                     result = (process_cpu(server.pid) - window[0], answered - window[1])
+                    if server.returncode is not None:  # its /proc entry was gone: no CPU to count
+                        raise RuntimeError(f"the server exited ({server.returncode}) during the turn")
                     break
                 await call.write(body)
                 sent += 1
@@ -113,7 +115,11 @@ async def _turn(cfg: Config, experiments: str) -> dict[str, Any]:
             await reader
     finally:
         stdin.close()
-        await server.wait()
+        try:
+            await asyncio.wait_for(server.wait(), 10)
+        except TimeoutError:
+            server.kill()
+            await server.wait()
     cpu, pairs = result
     return {
         "experiments": experiments,
@@ -163,7 +169,8 @@ def markdown(result: dict[str, Any]) -> str:
     for name, runs in result["turns"].items():
         value = runs[0]["experiments"] or "(empty: gRPC's defaults)"
         each = ", ".join(str(t["cpu_us_per_pair"]) for t in runs)
-        lines.append(f"| {name}: `{value}` | {each} | {result['cpu_us_per_pair'][name]['median']} |")
+        median = result["cpu_us_per_pair"].get(name, {}).get("median", "none measured")
+        lines.append(f"| {name}: `{value}` | {each} | {median} |")
     lines += ["", f"services / gRPC's defaults (medians): {result['services_over_defaults']}", ""]
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
-import sokutatsu.core.grpc_environment  # noqa: F401 - sets gRPC's environment: before anything loads grpc
+from sokutatsu.core.grpc_environment import apply
 
-# isort: split
-from sokutatsu.queuedb.server import main
+apply()  # gRPC's environment, before anything imports grpc
+
+from sokutatsu.queuedb.server import main  # noqa: E402
 
 main()

@@ -12,9 +12,11 @@ Run it as ``python -m sokutatsu.queuedb.transferd`` (serves gRPC health only).
 
 from __future__ import annotations
 
-import sokutatsu.core.grpc_environment  # noqa: F401 - sets gRPC's environment: before anything loads grpc
+if __name__ == "__main__":  # run as the daemon: gRPC's environment, before the imports below load grpc
+    from sokutatsu.core.grpc_environment import apply
 
-# isort: split
+    apply()
+
 import asyncio
 import os
 from collections.abc import Sequence
