@@ -21,26 +21,33 @@ ENTRY_POINTS = {
 }
 
 
-def _imported(stderr: str) -> list[str]:
-    """The modules in the order their imports ended (``python -X importtime``)."""
-    return [line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")]
+# Runs an entry point as ``python -m`` does, after a finder that prints gRPC's environment at the moment
+# grpc starts to be imported (and stays out of the way otherwise).
+WATCH = """
+import os, runpy, sys
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "grpc":
+            sys.meta_path.remove(self)
+            print("at grpc's import:", {k: os.environ.get(k) for k in ("GRPC_VERBOSITY", "GRPC_EXPERIMENTS")})
+        return None
+
+sys.meta_path.insert(0, Watch())
+runpy.run_module(sys.argv[1], run_name="__main__", alter_sys=True)
+"""
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_an_entry_point_sets_grpc_s_environment_before_grpc_loads(module: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in grpc_environment.DEFAULTS}
-    env |= {"PYTHONPROFILEIMPORTTIME": "1", ENTRY_POINTS[module]: "not-an-address"}
+    env[ENTRY_POINTS[module]] = "not-an-address"
     result = subprocess.run(
-        [sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", WATCH, module], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "not-an-address" in result.stderr.splitlines()[-1]
-    imported = _imported(result.stderr)
-    grpc_modules = [i for i, name in enumerate(imported) if name == "grpc" or name.startswith("grpc.")]
-    assert grpc_modules, "the entry point loads grpc"
-    # An import's line comes when it ends: grpc_environment imports nothing of grpc's, so any grpc module
-    # loaded before it would be listed before it.
-    assert imported.index("sokutatsu.core.grpc_environment") < min(grpc_modules)
+    assert "not-an-address" in result.stderr.splitlines()[-1]  # it stopped at its settings, after its imports
+    assert result.stdout.splitlines() == [f"at grpc's import: {grpc_environment.DEFAULTS}"]
 
 
 def test_a_value_given_by_the_starter_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:

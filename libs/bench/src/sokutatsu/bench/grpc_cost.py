@@ -30,7 +30,7 @@ from sokutatsu.core import grpc_environment
 SERVICE = "sokutatsu.bench.v1.GrpcCost"
 METHOD = f"/{SERVICE}/Echo"
 VARIANTS = {
-    # What the services set (the name of the module that sets it), and gRPC's own defaults.
+    # What the services set (core/grpc_environment.py), and gRPC's own defaults.
     "services": grpc_environment.DEFAULTS["GRPC_EXPERIMENTS"],
     "grpc-defaults": "",
 }
