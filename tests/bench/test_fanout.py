@@ -206,3 +206,16 @@ def test_linger_values_are_milliseconds_each_given_once() -> None:
     for bad in ("", "1,x", "-1", "1001", "2,2", "nan"):
         with pytest.raises(typer.BadParameter):
             _lingers(bad)
+
+
+def test_the_replicated_nats_peer_s_servers_route_to_each_other_each_with_its_own_store(tmp_path: Path) -> None:
+    ports = [(4001, 6001), (4002, 6002), (4003, 6003)]
+    configs = [fanout.cluster_config(i, ports, tmp_path) for i in range(3)]
+    routes = "routes: [nats-route://127.0.0.1:6001, nats-route://127.0.0.1:6002, nats-route://127.0.0.1:6003]"
+    for i, config in enumerate(configs):
+        assert f"server_name: n{i + 1}\n" in config
+        assert f"listen: 127.0.0.1:{4001 + i}\n" in config
+        assert f"listen: 127.0.0.1:{6001 + i}\n" in config
+        assert routes in config
+        assert f'store_dir: "{tmp_path / f"js{i + 1}"}"' in config
+    assert fanout.REPLICAS["nats-push-r3"] == fanout.CLUSTER == 3

@@ -327,7 +327,12 @@ def _lingers(linger_ms: str | None) -> tuple[float | None, ...]:
 def bench_fanout(
     quick: Annotated[bool, typer.Option("--quick", help="N in 1 and 16, 3 s phases: a smoke run.")] = False,
     systems: Annotated[
-        str, typer.Option("--systems", help="Comma-separated: sokutatsu, nats-push, nats-pull.")
+        str,
+        typer.Option(
+            "--systems",
+            help="Comma-separated: sokutatsu, nats-push, nats-pull, nats-push-r3 (a cluster of three nats-servers "
+            "the bench starts, the stream on all three).",
+        ),
     ] = "sokutatsu,nats-push,nats-pull",
     counts: Annotated[str | None, typer.Option("--counts", help="N values instead of the mode's, e.g. 16,64.")] = None,
     keys: Annotated[

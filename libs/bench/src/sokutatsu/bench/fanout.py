@@ -18,7 +18,8 @@ when acknowledgements held it back); the servers' CPU (``/proc/<pid>/stat``, fro
 publish to the end) per 1,000 deliveries: both brokers of the pair and the active one alone,
 or nats-server; the load average and CPU steal around it. Sokutatsu gets a fresh broker pair and
 monitor per scenario (as ``bench peers``); NATS, a fresh stream on 127.0.0.1:4222 (skipped when
-nothing answers there).
+nothing answers there); nats-push-r3, a fresh cluster of three nats-server processes per scenario
+(:func:`nats_cluster`) with the stream on all three.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sokutatsu.bench.common import cpu_sample, pair_with_monitor, steal_percent
-from sokutatsu.bench.fanout_clients import SYSTEMS, cleanup_nats, key_of, prepare_nats, sender
+from sokutatsu.bench.fanout_clients import REPLICAS, SYSTEMS, cleanup_nats, key_of, prepare_nats, sender
 from sokutatsu.bench.fanout_consumer import bucket_ms
 from sokutatsu.bench.fanout_profile import Recording, start_recording
 from sokutatsu.bench.peers_clients import make_body
@@ -103,8 +104,86 @@ def nats_pid() -> int | None:
     return None
 
 
+CLUSTER = 3  # nats-push-r3's servers
+
+
+def cluster_config(index: int, ports: Sequence[tuple[int, int]], folder: Path) -> str:
+    """nats-server's configuration for server ``index`` (0-based) of a JetStream cluster on loopback whose
+    servers listen on ``ports`` (client port, cluster port each), its store under ``folder``."""
+    client, route = ports[index]
+    routes = ", ".join(f"nats-route://127.0.0.1:{r}" for _, r in ports)
+    return (
+        f"server_name: n{index + 1}\n"
+        f"listen: 127.0.0.1:{client}\n"
+        f'jetstream {{ store_dir: "{folder / f"js{index + 1}"}" }}\n'
+        f"cluster {{\n  name: sokutatsu-bench\n  listen: 127.0.0.1:{route}\n  routes: [{routes}]\n}}\n"
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket  # noqa: PLC0415
+
+    holders = [socket.socket() for _ in range(count)]
+    try:
+        for holder in holders:
+            holder.bind(("127.0.0.1", 0))
+        return [holder.getsockname()[1] for holder in holders]
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+@contextlib.contextmanager
+def nats_cluster() -> Iterator[tuple[list[str], dict[str, int]]]:
+    """Three nats-server processes (``nats-server`` on PATH) in one JetStream cluster on loopback, each
+    with its own store in a throw-away folder: their client URLs and pids; stopped on exit."""
+    import shutil  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise RuntimeError("nats-server is not on PATH")
+    free = _free_ports(2 * CLUSTER)
+    ports = [(free[2 * i], free[2 * i + 1]) for i in range(CLUSTER)]
+    with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-nats-") as tmp, contextlib.ExitStack() as stack:
+        folder = Path(tmp)
+        procs = []
+        for i in range(CLUSTER):
+            conf = folder / f"n{i + 1}.conf"
+            conf.write_text(cluster_config(i, ports, folder))
+            log = stack.enter_context((folder / f"n{i + 1}.log").open("wb"))
+            proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+            procs.append(proc)
+
+            def stop(proc: subprocess.Popen[bytes] = proc) -> None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+            stack.callback(stop)
+        deadline = time.monotonic() + 30
+        for client, _ in ports:
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", client), timeout=1):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                        raise RuntimeError(f"the NATS cluster did not start (logs in {folder})") from None
+                    time.sleep(0.1)
+        yield [f"nats://127.0.0.1:{c}" for c, _ in ports], {f"nats-n{i + 1}": p.pid for i, p in enumerate(procs)}
+
+
 @contextlib.contextmanager
 def servers(system: str, workers: int = 0) -> Iterator[Servers]:
+    if system == "nats-push-r3":
+        with nats_cluster() as (urls, pids):
+            yield Servers(urls, pids, None)
+        return
     if system != "sokutatsu":
         pid = nats_pid()
         yield Servers([], {"nats-server": pid} if pid else {}, pid)
@@ -130,6 +209,10 @@ def reachable(system: str) -> str | None:
     """None when the system can be measured, else why not."""
     if system == "sokutatsu":
         return None
+    if system == "nats-push-r3":
+        import shutil  # noqa: PLC0415
+
+        return None if shutil.which("nats-server") else "nats-server is not on PATH (the bench starts its cluster)"
     import socket  # noqa: PLC0415
 
     try:
@@ -219,12 +302,12 @@ async def scenario(
             await where.pair.wait_paired()  # the standby caught up: no start-up in the figures
             await add_workers(where)
         else:
-            await prepare_nats()
+            await prepare_nats(where.addresses, REPLICAS[system])
         try:
             await _measure(run, where, cfg, profile_dir)
         finally:
             if system != "sokutatsu":
-                await cleanup_nats()
+                await cleanup_nats(where.addresses)
     run.load = (round(load_before, 2), round(os.getloadavg()[0], 2))
     run.steal = steal_percent(steal_before, cpu_sample())
     return figures(run, cfg)
@@ -426,7 +509,9 @@ async def measure(
             "and durable Subscribers (prefix filter) sharing one SubscribeMany stream per broker per process; "
             "NATS: nats-py, JetStream file storage, publish_async, one "
             "durable consumer per subscriber (push to a callback, or pull in batches of 100), one connection per "
-            "consumer process, max_ack_pending 1000. Broker CPU: /proc/<pid>/stat of both brokers (or nats-server) "
+            "consumer process, max_ack_pending 1000; nats-push-r3: push consumers on a cluster of three "
+            "nats-server processes started for the scenario, the stream replicated on all three. Broker CPU: "
+            "/proc/<pid>/stat of both brokers (or nats-server, or the three of nats-push-r3) "
             "from the first publish to the end; with delivery workers, the brokers' workers too, and the active's "
             "core and each of its workers apart (`core / workers` column)."
         ),
@@ -463,7 +548,7 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         n, filtered = ours["subscribers"], ours["filtered"]
         variant = f"-{ours['delivery_workers']}-workers" if ours.get("delivery_workers") else ""
         variant += f"-linger-{ours['publisher_linger_ms']:g}-ms" if "publisher_linger_ms" in ours else ""
-        for peer in ("nats-push", "nats-pull"):
+        for peer in SYSTEMS[1:]:
             theirs = peers.get((peer, n, filtered))
             if theirs is None:
                 continue

@@ -14,6 +14,10 @@
   ``PREFETCH`` unacknowledged): push consumers delivered to a callback, or pull consumers
   fetched in batches of up to 100. A consumer process holds one NATS connection for all its
   subscribers (as the Sokutatsu SDK's subscribers share one process).
+* **nats-push-r3**: as nats-push, on a JetStream cluster of three nats-server processes the bench
+  starts (``fanout.nats_cluster``), the stream replicated on all three (``num_replicas=3``): NATS with
+  its messages on more than one server, as Sokutatsu's pair holds every message on both brokers. Its
+  clients are given the cluster's URLs (``addresses``); the other NATS systems use ``NATS_URL``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ STREAM = "SOKUTATSU_FANOUT"
 SUBJECTS = "fanout.>"
 PREFETCH = 1000
 NATS_URL = "nats://127.0.0.1:4222"
-SYSTEMS = ("sokutatsu", "nats-push", "nats-pull")
+SYSTEMS = ("sokutatsu", "nats-push", "nats-pull", "nats-push-r3")
+# The stream's copies per NATS system (one server, or the bench's cluster of three).
+REPLICAS = {"nats-push": 1, "nats-pull": 1, "nats-push-r3": 3}
+
+
+def nats_servers(addresses: Sequence[str]) -> list[str]:
+    """The NATS URLs to connect to: the bench's cluster when it gave them, else ``NATS_URL``."""
+    return list(addresses) or [NATS_URL]
 
 
 def key_of(seq: int) -> str:
@@ -134,34 +145,46 @@ async def sender(system: str, addresses: Sequence[str], linger_ms: float | None 
         return
     import nats  # noqa: PLC0415
 
-    nc = await nats.connect(NATS_URL)
+    nc = await nats.connect(servers=nats_servers(addresses))
     try:
         yield _NatsSender(nc.jetstream(publish_async_max_pending=WINDOW))
     finally:
         await nc.close()
 
 
-async def prepare_nats() -> None:
-    """A fresh JetStream stream (file storage) for the run; its consumers are made by the subscribers."""
+async def prepare_nats(addresses: Sequence[str] = (), replicas: int = 1) -> None:
+    """A fresh JetStream stream (file storage, ``replicas`` copies) for the run; its consumers are made by
+    the subscribers. A cluster just started may not have elected its JetStream leader yet: retried for 30 s."""
     import nats  # noqa: PLC0415
     from nats.js import api  # noqa: PLC0415
     from nats.js.errors import NotFoundError  # noqa: PLC0415
 
-    nc = await nats.connect(NATS_URL)
+    nc = await nats.connect(servers=nats_servers(addresses))
     try:
         js = nc.jetstream()
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(STREAM)
-        await js.add_stream(name=STREAM, subjects=[SUBJECTS], storage=api.StorageType.FILE)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            try:
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_stream(STREAM)
+                await js.add_stream(
+                    name=STREAM, subjects=[SUBJECTS], storage=api.StorageType.FILE, num_replicas=replicas
+                )
+            except Exception:  # JetStream not ready yet (no leader): try again until the deadline
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+            else:
+                return
     finally:
         await nc.close()
 
 
-async def cleanup_nats() -> None:
+async def cleanup_nats(addresses: Sequence[str] = ()) -> None:
     import nats  # noqa: PLC0415
     from nats.js.errors import NotFoundError  # noqa: PLC0415
 
-    nc = await nats.connect(NATS_URL)
+    nc = await nats.connect(servers=nats_servers(addresses))
     try:
         with contextlib.suppress(NotFoundError):
             await nc.jetstream().delete_stream(STREAM)
@@ -190,7 +213,7 @@ async def subscribed(system: str, addresses: Sequence[str], wanted: Sequence[Wan
         async with _sokutatsu(addresses, wanted):
             yield
     else:
-        async with _nats(system, wanted):
+        async with _nats(system, addresses, wanted):
             yield
 
 
@@ -237,11 +260,11 @@ async def _sokutatsu(addresses: Sequence[str], wanted: Sequence[Wanted]) -> Asyn
 
 
 @contextlib.asynccontextmanager
-async def _nats(system: str, wanted: Sequence[Wanted]) -> AsyncIterator[None]:
+async def _nats(system: str, addresses: Sequence[str], wanted: Sequence[Wanted]) -> AsyncIterator[None]:
     import nats  # noqa: PLC0415
     from nats.js import api  # noqa: PLC0415
 
-    nc = await nats.connect(NATS_URL)
+    nc = await nats.connect(servers=nats_servers(addresses))
     tasks: list[asyncio.Task[None]] = []
     try:
         js = nc.jetstream()
@@ -250,7 +273,7 @@ async def _nats(system: str, wanted: Sequence[Wanted]) -> AsyncIterator[None]:
             config = api.ConsumerConfig(
                 ack_policy=api.AckPolicy.EXPLICIT, deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=PREFETCH
             )
-            if system == "nats-push":
+            if system in ("nats-push", "nats-push-r3"):
                 await js.subscribe(
                     subject,
                     durable=one.name,
