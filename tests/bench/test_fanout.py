@@ -16,7 +16,7 @@ import typer
 from sokutatsu.bench import fanout
 from sokutatsu.bench.commands import _lingers
 from sokutatsu.bench.fanout import FanoutConfig, measure, percentile_of, ratios, split
-from sokutatsu.bench.fanout_clients import GROUPS, KEYS, expected, group_of, key_of
+from sokutatsu.bench.fanout_clients import GROUPS, KEYS, REPLICAS, expected, group_of, key_of
 from sokutatsu.bench.fanout_consumer import Latencies, Track, bucket_ms, bucket_of
 from sokutatsu.bench.fanout_profile import breakdown_markdown, category
 from sokutatsu.bench.peers_clients import make_body
@@ -218,4 +218,4 @@ def test_the_replicated_nats_peer_s_servers_route_to_each_other_each_with_its_ow
         assert f"listen: 127.0.0.1:{6001 + i}\n" in config
         assert routes in config
         assert f'store_dir: "{tmp_path / f"js{i + 1}"}"' in config
-    assert fanout.REPLICAS["nats-push-r3"] == fanout.CLUSTER == 3
+    assert REPLICAS["nats-push-r3"] == fanout.CLUSTER == 3

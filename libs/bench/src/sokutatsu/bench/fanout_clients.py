@@ -170,8 +170,8 @@ async def prepare_nats(addresses: Sequence[str] = (), replicas: int = 1) -> None
                 await js.add_stream(
                     name=STREAM, subjects=[SUBJECTS], storage=api.StorageType.FILE, num_replicas=replicas
                 )
-            except Exception:  # JetStream not ready yet (no leader): try again until the deadline
-                if asyncio.get_running_loop().time() > deadline:
+            except Exception:  # a cluster's JetStream not ready yet (no leader): try again until the deadline
+                if replicas == 1 or asyncio.get_running_loop().time() > deadline:
                     raise
                 await asyncio.sleep(0.5)
             else:
