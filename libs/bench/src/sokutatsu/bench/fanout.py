@@ -45,6 +45,7 @@ from sokutatsu.bench.peers_clients import make_body
 from sokutatsu.bench.queuedb_remote import process_cpu
 from sokutatsu.cli.children import child_process, child_result, tell
 from sokutatsu.cli.measure import machine
+from sokutatsu.core.embedded_pg import free_port
 from sokutatsu.harness.broker import Pair, stats
 
 PER_PROCESS = 32
@@ -120,19 +121,6 @@ def cluster_config(index: int, ports: Sequence[tuple[int, int]], folder: Path) -
     )
 
 
-def _free_ports(count: int) -> list[int]:
-    import socket  # noqa: PLC0415
-
-    holders = [socket.socket() for _ in range(count)]
-    try:
-        for holder in holders:
-            holder.bind(("127.0.0.1", 0))
-        return [holder.getsockname()[1] for holder in holders]
-    finally:
-        for holder in holders:
-            holder.close()
-
-
 @contextlib.contextmanager
 def nats_cluster() -> Iterator[tuple[list[str], dict[str, int]]]:
     """Three nats-server processes (``nats-server`` on PATH) in one JetStream cluster on loopback, each
@@ -144,27 +132,31 @@ def nats_cluster() -> Iterator[tuple[list[str], dict[str, int]]]:
     binary = shutil.which("nats-server")
     if binary is None:
         raise RuntimeError("nats-server is not on PATH")
-    free = _free_ports(2 * CLUSTER)
-    ports = [(free[2 * i], free[2 * i + 1]) for i in range(CLUSTER)]
+    free: set[int] = set()
+    while len(free) < 2 * CLUSTER:
+        free.add(free_port())  # below the ephemeral range: no outgoing connection takes it meanwhile
+    chosen = sorted(free)
+    ports = [(chosen[2 * i], chosen[2 * i + 1]) for i in range(CLUSTER)]
     with tempfile.TemporaryDirectory(prefix="sokutatsu-bench-nats-") as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
-        procs = []
-        for i in range(CLUSTER):
-            conf = folder / f"n{i + 1}.conf"
-            conf.write_text(cluster_config(i, ports, folder))
-            log = stack.enter_context((folder / f"n{i + 1}.log").open("wb"))
-            proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-            procs.append(proc)
+        procs: list[subprocess.Popen[bytes]] = []
 
-            def stop(proc: subprocess.Popen[bytes] = proc) -> None:
+        def stop() -> None:
+            for proc in procs:  # all at once, then each waited for
                 proc.terminate()
+            for proc in procs:
                 try:
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
 
-            stack.callback(stop)
+        stack.callback(stop)
+        for i in range(CLUSTER):
+            conf = folder / f"n{i + 1}.conf"
+            conf.write_text(cluster_config(i, ports, folder))
+            log = stack.enter_context((folder / f"n{i + 1}.log").open("wb"))
+            procs.append(subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT))  # noqa: S603
 
         def failed() -> RuntimeError:
             # The folder goes with this context: the logs' ends go in the error.
