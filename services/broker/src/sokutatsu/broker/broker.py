@@ -10,7 +10,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_nam
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import Retention, SubscriptionSpec
+from sokutatsu.broker.subscription_lists import Name, SubscriptionLists, encoded, tags_of
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
@@ -139,12 +140,10 @@ class Broker:
         # Bumped when a durable subscription is created here: the watermark stream then
         # sends the peer the whole list (pair.py), so the pair holds each one on both.
         self.subscriptions_version = 0
-        # (topic, subscriber id) of durable subscriptions deleted or expired here: the peer's list
-        # does not bring them back while it still holds them (it has not deleted its copy yet).
-        # A name leaves the set when a client creates it here again, or when a whole list of the
-        # peer's comes without it: from then on a list that holds it names a new subscription
-        # (created again on the peer), which is adopted (adopt_subscriptions).
-        self._deleted: set[tuple[str, str]] = set()
+        # The creation tags of the durable subscriptions held here, and of those deleted or expired
+        # here: the peer's lists bring back only a creation a deletion here did not see
+        # (subscription_lists.py, invariant 8).
+        self.lists = SubscriptionLists()
         # The peer's holdings of its last session, per durable (topic, subscriber id): a queue
         # created here later (adopted from the peer's list, or taken by AcceptSubscriber before the
         # list arrived) takes them when it is made, whatever the order (pair_state.py, invariant 4).
@@ -156,9 +155,9 @@ class Broker:
             policy=settings.retention_policy,
         )
         # Durable subscriptions expired (SUBSCRIPTION_EXPIRY) here or on the peer since start, and
-        # the names this broker expired, sent to the peer with the subscription list.
+        # the names (with the creation tags) this broker expired, sent to the peer with the list.
         self.subscriptions_expired = 0
-        self.expired_names: list[tuple[str, str]] = []
+        self.expired_names: list[tuple[Name, frozenset[str]]] = []
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
         # Invariant 7 (pair_state.py): queues this broker, restarted, served before and may serve again
@@ -186,7 +185,9 @@ class Broker:
         for spec in catalog.topics.values():
             self._add_topic(spec)
         for sub in catalog.subscriptions.values():
-            queue = self._add_queue(sub)
+            # A catalog written before creation tags has none: the legacy tag, on both brokers.
+            tags = tags_of(catalog.creations.get((sub.topic, sub.subscriber_id), ()))
+            queue = self._add_queue(sub, creations=tags)
             await queue.recover()
             if queue.disk_count:
                 log.info("recovered %d spilled messages for %s on %s", queue.disk_count, sub.subscriber_id, sub.topic)
@@ -226,6 +227,12 @@ class Broker:
             topics={name: t.spec for name, t in self.topics.items()},
             subscriptions={
                 (q.spec.topic, q.spec.subscriber_id): q.spec
+                for t in self.topics.values()
+                for q in t.queue_list
+                if q.spec.durable
+            },
+            creations={
+                (q.spec.topic, q.spec.subscriber_id): self.lists.tags((q.spec.topic, q.spec.subscriber_id))
                 for t in self.topics.values()
                 for q in t.queue_list
                 if q.spec.durable
@@ -305,9 +312,13 @@ class Broker:
         return self._queues_dir / spec.topic / spec.subscriber_id
 
     def _add_queue(
-        self, spec: SubscriptionSpec, state: broker_pb2.QueueState.ValueType | None = None
+        self,
+        spec: SubscriptionSpec,
+        state: broker_pb2.QueueState.ValueType | None = None,
+        creations: Iterable[str] = (),
     ) -> SubscriptionQueue:
-        """A new queue; a durable one on the standby starts as a shadow of the active's."""
+        """A new queue; a durable one on the standby starts as a shadow of the active's. A durable one
+        holds ``creations`` (the tags of the copy adopted or loaded), or a new creation's tag."""
         topic = self.topics.get(spec.topic) or self._add_topic(TopicSpec(name=spec.topic))
         if state is None:
             state = SHADOW if spec.durable and self.role == broker_pb2.BROKER_ROLE_STANDBY else SERVING
@@ -328,6 +339,7 @@ class Broker:
         topic.queues[spec.subscriber_id] = queue
         topic.reindex()
         if spec.durable:
+            self.lists.hold((spec.topic, spec.subscriber_id), creations)
             queue.on_serving = self._serving_changed
         held = self._peer_holdings.get((spec.topic, spec.subscriber_id)) if spec.durable else None
         if held is not None:
@@ -355,15 +367,29 @@ class Broker:
             return existing.spec
         self._add_queue(spec)
         if spec.durable:
-            self._deleted.discard((spec.topic, spec.subscriber_id))
-            # Created again after it expired: the peer must no longer be told to delete it.
-            self.expired_names = [n for n in self.expired_names if n != (spec.topic, spec.subscriber_id)]
+            # A new creation's tag: the peer adopts it from the next list, whatever it deleted before
+            # (an expiry of the old copy still sent to the peer names only the old tags).
             self.subscriptions_version += 1
             await self._save_catalog()
         return spec
 
+    def expired_subscriptions(self) -> list[broker_pb2.SubscriptionName]:
+        """The names this broker expired, with their creation tags, for the peer (sent with the list)."""
+        return [
+            broker_pb2.SubscriptionName(topic=topic, subscriber_id=subscriber, creations=encoded(tags))
+            for (topic, subscriber), tags in self.expired_names
+        ]
+
     def durable_subscriptions(self) -> list[broker_pb2.Subscription]:
-        return [q.spec.to_proto() for t in self.topics.values() for q in t.queue_list if q.spec.durable]
+        """The list for the peer: each durable subscription with its creation tags (invariant 8)."""
+        subs = []
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                if queue.spec.durable:
+                    sub = queue.spec.to_proto()
+                    sub.creations.extend(self.lists.tags((queue.spec.topic, queue.spec.subscriber_id)))
+                    subs.append(sub)
+        return subs
 
     async def adopt_subscriptions(self, subscriptions: Sequence[broker_pb2.Subscription], *, whole: bool) -> None:
         """The peer's durable subscriptions (``whole``: all it holds): create those this broker lacks.
@@ -371,16 +397,18 @@ class Broker:
         A client's ``CreateSubscription`` may have reached one broker only (the other was
         down or did not answer in time); without its queue here, a subscriber redirected
         or failed over to this broker would be refused, and what was published meanwhile
-        would not be kept for it. One this broker deleted is not brought back while the
-        peer's list still holds it; once a whole list came without it, it is (see ``_deleted``).
+        would not be kept for it. One this broker deleted is brought back only as a creation
+        the deletion did not see (subscription_lists.py, invariant 8).
         """
-        if whole:
-            listed = {(sub.topic, sub.subscriber_id) for sub in subscriptions}
-            self._deleted &= listed
+        by_name = {(sub.topic, sub.subscriber_id): sub for sub in subscriptions}
+        adopt, merged = self.lists.peer_list(
+            {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole
+        )
         adopted = 0
-        for sub in subscriptions:
+        for name, creations in adopt.items():
+            sub = by_name[name]
             topic = self.topics.get(sub.topic)
-            if (sub.topic, sub.subscriber_id) in self._deleted or (topic and sub.subscriber_id in topic.queues):
+            if topic and sub.subscriber_id in topic.queues:  # a non-durable queue of that id
                 continue
             try:
                 spec = self.subscription_spec(sub)
@@ -394,17 +422,15 @@ class Broker:
                 # Made meanwhile (the topic's creation awaited the disk): an AcceptSubscriber that made
                 # it serving here must not be replaced by a shadow.
                 continue
-            queue = self._add_queue(spec)
+            queue = self._add_queue(spec, creations=creations)
             adopted += 1
-            # Created again on the peer: no longer one to tell the peer to delete.
-            self.expired_names = [n for n in self.expired_names if n != (spec.topic, spec.subscriber_id)]
             log.info(
                 "created %s's subscription to %s as the peer holds it (%s here)",
                 spec.subscriber_id,
                 spec.topic,
                 _STATE_NAMES[queue.state],
             )
-        if adopted:
+        if adopted or merged:
             await self._save_catalog()
 
     def queue(self, topic: str, subscriber_id: str) -> SubscriptionQueue:
@@ -420,21 +446,28 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
-        self._remove_queue(queue)
+        self._remove_queue(queue, deleted=True)
         if queue.spec.durable:
-            self._deleted.add((topic_name, subscriber_id))
             await self._save_catalog()
 
-    def _remove_queue(self, queue: SubscriptionQueue) -> None:
-        """Take ``queue`` out of its topic and drop it with its segments."""
+    def _remove_queue(self, queue: SubscriptionQueue, *, deleted: bool = False) -> frozenset[str]:
+        """Take ``queue`` out of its topic and drop it with its segments. A durable subscription
+        ``deleted`` (or expired) leaves its creation tags tombstoned (invariant 8): they are returned."""
+        tags: frozenset[str] = frozenset()
         topic = self.topics.get(queue.spec.topic)
         if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
             del topic.queues[queue.spec.subscriber_id]
             topic.reindex()
             if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
-                self._peer_holdings.pop((queue.spec.topic, queue.spec.subscriber_id), None)
-                self._end_reclaim((queue.spec.topic, queue.spec.subscriber_id), None, "its subscription is gone")
+                name = (queue.spec.topic, queue.spec.subscriber_id)
+                if deleted:
+                    tags = self.lists.remove(name)
+                else:
+                    self.lists.forget(name)
+                self._peer_holdings.pop(name, None)
+                self._end_reclaim(name, None, "its subscription is gone")
         queue.discard()
+        return tags
 
     async def attach(
         self, open_frame: broker_pb2.SubscribeOpen, listener: Callable[[], None] | None = None
@@ -1058,7 +1091,7 @@ class Broker:
         self._peer_holdings = {
             (held.topic, held.subscriber_id): held
             for held in holdings
-            if (held.topic, held.subscriber_id) not in self._deleted
+            if not self.lists.tombstoned((held.topic, held.subscriber_id))
         }
         raised = 0
         self.fills_wanted = {}
@@ -1225,15 +1258,16 @@ class Broker:
             for q in t.queue_list
             if q.spec.durable and not q.attached and q.state in (SERVING, LEAVING) and now - q.idle_since >= expiry
         ]
-        for queue in expired:
-            self._expire(queue, f"nobody attached to it for {expiry:g} s (SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY)")
+        why = f"nobody attached to it for {expiry:g} s (SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY)"
+        names = [((q.spec.topic, q.spec.subscriber_id), self._expire(q, why)) for q in expired]
         if expired:
-            self.expired_names = (self.expired_names + [(q.spec.topic, q.spec.subscriber_id) for q in expired])[-1000:]
+            self.expired_names = (self.expired_names + names)[-1000:]
             # The next watermark frame carries the subscription list, and with it the expired names.
             self.subscriptions_version += 1
             await self._save_catalog()
 
-    def _expire(self, queue: SubscriptionQueue, why: str) -> None:
+    def _expire(self, queue: SubscriptionQueue, why: str) -> frozenset[str]:
+        """Delete an expired durable subscription here; return its creation tags."""
         log.warning(
             "expired the durable subscription of %s to %s (%d messages, %d bytes on disk freed): %s",
             queue.spec.subscriber_id,
@@ -1242,23 +1276,31 @@ class Broker:
             queue.file_bytes,
             why,
         )
-        self._remove_queue(queue)
-        self._deleted.add((queue.spec.topic, queue.spec.subscriber_id))
+        tags = self._remove_queue(queue, deleted=True)
         self.subscriptions_expired += 1
+        return tags
 
     async def apply_expired(self, names: Sequence[broker_pb2.SubscriptionName]) -> None:
-        """The peer expired these durable subscriptions: delete the copies here (not one attached here)."""
-        removed = 0
+        """The peer expired these durable subscriptions: delete the copies here (not one attached here,
+        nor one holding a creation the peer did not expire: invariant 8)."""
+        changed = 0
         for name in names:
             topic = self.topics.get(name.topic)
             queue = topic.queues.get(name.subscriber_id) if topic else None
             if queue is None or not queue.spec.durable or queue.attached:
                 continue
-            self._expire(queue, "the peer expired it")
-            removed += 1
-        if removed:
-            # The peer hears a whole list without them, which clears its deleted names: a list of
-            # this broker's holding one later (a client created it again here) is then adopted.
+            changed += 1
+            if self.lists.peer_expired((name.topic, name.subscriber_id), tags_of(name.creations)):
+                self._expire(queue, "the peer expired it")
+            else:
+                log.info(
+                    "kept %s's subscription to %s, which the peer expired: it was created again here",
+                    name.subscriber_id,
+                    name.topic,
+                )
+        if changed:
+            # The peer hears the whole list: without the copies deleted here, which lets it forget
+            # their tags; with those kept, under their new creation's tag, which it adopts.
             self.subscriptions_version += 1
             await self._save_catalog()
 

@@ -27,12 +27,17 @@ class Catalog:
     # The durable subscriptions this broker served (delivered) when the catalog was written
     # (pair_state.py, invariant 7).
     served: set[tuple[str, str]] = field(default_factory=set)
+    # Each durable subscription's creation tags (subscription_lists.py, invariant 8); none in a
+    # catalog written before them.
+    creations: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": 1,
             "topics": [vars(t) for t in self.topics.values()],
-            "subscriptions": [s.to_json() for s in self.subscriptions.values()],
+            "subscriptions": [
+                {**s.to_json(), "creations": self.creations.get(name, [])} for name, s in self.subscriptions.items()
+            ],
             "served": [list(name) for name in sorted(self.served)],
         }
 
@@ -47,6 +52,7 @@ def load_catalog(path: Path) -> Catalog:
     for s in data["subscriptions"]:
         spec = SubscriptionSpec.from_json(s)
         catalog.subscriptions[(spec.topic, spec.subscriber_id)] = spec
+        catalog.creations[(spec.topic, spec.subscriber_id)] = [str(tag) for tag in s.get("creations", [])]
     for topic, subscriber_id in data.get("served", []):  # absent in catalogs written before it
         catalog.served.add((str(topic), str(subscriber_id)))
     return catalog

@@ -171,12 +171,7 @@ async def _frames(
                 not_hearing_you=not broker.pair.peer_up,
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
                 subscriptions_included=version != subscriptions_sent,
-                expired=[
-                    broker_pb2.SubscriptionName(topic=topic, subscriber_id=subscriber)
-                    for topic, subscriber in broker.expired_names
-                ]
-                if version != subscriptions_sent
-                else (),
+                expired=broker.expired_subscriptions() if version != subscriptions_sent else (),
                 session=session,
                 holdings_included=holdings,
                 holdings=broker.holdings() if holdings else (),

@@ -406,6 +406,7 @@ class Subscription(_message.Message):
     OVERFLOW_MODE_FIELD_NUMBER: _builtins.int
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
     RETENTION_FIELD_NUMBER: _builtins.int
+    CREATIONS_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     """One subscription per (subscriber_id, topic)."""
     topic: _builtins.str
@@ -422,6 +423,15 @@ class Subscription(_message.Message):
     def retention(self) -> Global___Retention:
         """Retention limits on disk and age (0 = the broker's maximum)."""
 
+    @_builtins.property
+    def creations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Set by the brokers, ignored in CreateSubscription and AcceptSubscriber: in
+        the pair's lists (DeliveredWatermarks.subscriptions), the tags of the
+        creations the sender's copy holds, so that the receiver tells the
+        subscription it deleted from one created again (subscription_lists.py,
+        invariant 8). None: a subscription created before tags.
+        """
+
     def __init__(
         self,
         *,
@@ -432,10 +442,11 @@ class Subscription(_message.Message):
         overflow_mode: Global___OverflowMode.ValueType = ...,
         memory_budget_bytes: _builtins.int = ...,
         retention: Global___Retention | None = ...,
+        creations: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["durable", b"durable", "filter", b"filter", "memory_budget_bytes", b"memory_budget_bytes", "overflow_mode", b"overflow_mode", "retention", b"retention", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creations", b"creations", "durable", b"durable", "filter", b"filter", "memory_budget_bytes", b"memory_budget_bytes", "overflow_mode", b"overflow_mode", "retention", b"retention", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2111,9 +2122,10 @@ class DeliveredWatermarks(_message.Message):
     subscriptions_included: _builtins.bool
     """Set when `subscriptions` is the sender's whole list (even an empty one).
     A durable subscription the receiver deleted is not created again from a
-    list that still holds it (the sender had not deleted it yet); once a whole
-    list without it has come, a later list that holds it names a new one (a
-    client created it again on the sender), which the receiver creates.
+    list that holds it only with the creation tags of the copy deleted (the
+    sender had not deleted it yet); with another tag, it is one created again
+    on the sender, which the receiver creates. A whole list lets the receiver
+    forget the tags it no longer holds (subscription_lists.py, invariant 8).
     """
     not_hearing_you: _builtins.bool
     """Set while the sender does not hear the receiver (no frame from it within
@@ -2138,7 +2150,8 @@ class DeliveredWatermarks(_message.Message):
     def expired(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionName]:
         """Durable subscriptions the sender deleted because nobody attached to them
         for SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY_S; sent with `subscriptions`.
-        The receiver deletes its copy too.
+        The receiver deletes its copy too, unless its copy holds a creation the
+        sender did not expire (SubscriptionName.creations).
         """
 
     @_builtins.property
@@ -2351,17 +2364,26 @@ class SubscriptionName(_message.Message):
 
     TOPIC_FIELD_NUMBER: _builtins.int
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    CREATIONS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
+    @_builtins.property
+    def creations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """In DeliveredWatermarks.expired: the tags of the creations the sender
+        expired. The receiver deletes its copy only when each of its tags is
+        among them (subscription_lists.py, invariant 8). None: before tags.
+        """
+
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         subscriber_id: _builtins.str = ...,
+        creations: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["creations", b"creations", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,123 @@
+"""The pair's durable subscriptions as an observed-remove set: the one place its rule is enforced.
+
+**Invariant 8: a durable subscription is held by both brokers unless it was deleted or expired, and a
+peer's stale list neither brings back a deleted one nor keeps out one created again.**
+
+Each creation of a durable subscription on a broker (``CreateSubscription``, or ``AcceptSubscriber`` for
+one it lacked) gets a *creation tag*, random. A broker's copy carries the tags it knows for that name:
+its own creation's, and those the peer's lists (``DeliveredWatermarks.subscriptions``, each with
+``Subscription.creations``) give for the same name: a copy adopted from the peer takes the peer's.
+While the pair's link is up both copies come to carry the same tags (each list goes out when its
+sender creates one, and whole on every new stream).
+
+- Deleting or expiring a copy here *tombstones* the tags it carried.
+- A peer's list that names a subscription only with tombstoned tags names the old one, which the peer
+  has not deleted yet: it is not created again here. One with a tag not tombstoned is a creation that
+  the deletion here never saw (created again on the peer, or at the same time as the deletion): it is
+  created here (adopted). A creation the deletion did not see wins over it.
+- An expiry the peer sends carries the tags it expired (``SubscriptionName.creations``): the copy here
+  goes only if each of its tags is among them; otherwise it holds a creation the peer never saw, and
+  stays with those tags, which the peer then adopts from the next list.
+- A tombstone is forgotten once a whole list of the peer holds none of its tags.
+
+Before, a tombstone was by name and left only when a whole list came without the name. A subscription
+created again on the standby in the milliseconds after it applied the active's expiry (before its next
+frame was built) then kept one copy: its list without the name was never sent, and the active never
+took the new one (``tests/broker/test_subscription_lists.py``).
+
+Catalogs written before tags give their subscriptions the tag ``""`` (:data:`LEGACY`) on both
+brokers, as does a peer's list entry without tags: for those the rule above is the old one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+
+Name = tuple[str, str]  # (topic, subscriber id)
+# The tag of a subscription from a catalog, or a peer's list, written before creation tags.
+LEGACY = ""
+
+
+def new_tag() -> str:
+    return secrets.token_hex(8)
+
+
+def tags_of(creations: Iterable[str]) -> frozenset[str]:
+    """The tags a list entry, an expired name or a catalog entry carries (none: :data:`LEGACY`)."""
+    tags = frozenset(creations)
+    return tags or frozenset({LEGACY})
+
+
+def encoded(tags: Iterable[str]) -> list[str]:
+    """The inverse of :func:`tags_of`: sorted, and none for the legacy tag alone."""
+    listed = sorted(tags)
+    return [] if listed == [LEGACY] else listed
+
+
+class SubscriptionLists:
+    """The creation tags of the durable subscriptions a broker holds, and the tombstones of those it
+    deleted or expired. The broker keeps it in step with its queues (``Broker._add_queue`` callers and
+    ``Broker._remove_queue``); the decisions of invariant 8 are made here."""
+
+    def __init__(self) -> None:
+        self._held: dict[Name, set[str]] = {}
+        self._tombstones: dict[Name, frozenset[str]] = {}
+
+    def tags(self, name: Name) -> list[str]:
+        """The tags of a copy held here, as a list or a catalog carries them (:func:`encoded`)."""
+        return encoded(self._held.get(name, ()))
+
+    def hold(self, name: Name, tags: Iterable[str] = ()) -> None:
+        """A copy is made here: a new creation (no ``tags``: a new one), adopted, or loaded from the catalog."""
+        self._held[name] = set(tags) or {new_tag()}
+
+    def held(self, name: Name) -> bool:
+        return name in self._held
+
+    def tombstoned(self, name: Name) -> bool:
+        """A copy of this name was deleted here that the peer's lists may still hold."""
+        return name in self._tombstones
+
+    def remove(self, name: Name) -> frozenset[str]:
+        """The copy here is deleted or expired: tombstone its tags, and return them (for the expiry the
+        peer is told of)."""
+        tags = frozenset(self._held.pop(name, ()) or {LEGACY})
+        self._tombstones[name] = self._tombstones.get(name, frozenset()) | tags
+        return tags
+
+    def forget(self, name: Name) -> None:
+        """The copy here went without a deletion of the subscription (a non-durable queue never has one)."""
+        self._held.pop(name, None)
+
+    def peer_list(self, entries: dict[Name, frozenset[str]], *, whole: bool) -> tuple[dict[Name, frozenset[str]], bool]:
+        """A list of the peer's (``whole``: all it holds): merge the tags of copies held here, forget
+        tombstones it no longer holds any tag of. Returns the entries to adopt, with their tags, and
+        whether a copy here took a tag (the catalog then records it)."""
+        if whole:
+            kept = {name: dead & entries.get(name, frozenset()) for name, dead in self._tombstones.items()}
+            self._tombstones = {name: dead for name, dead in kept.items() if dead}
+        adopt: dict[Name, frozenset[str]] = {}
+        merged = False
+        for name, tags in entries.items():
+            live = tags - self._tombstones.get(name, frozenset())
+            mine = self._held.get(name)
+            if mine is not None:
+                merged = merged or not live <= mine
+                mine |= live
+            elif live:
+                adopt[name] = frozenset(live)
+        return adopt, merged
+
+    def peer_expired(self, name: Name, tags: frozenset[str]) -> bool:
+        """The peer expired its copy carrying ``tags``: True when the copy here goes too (each of its
+        tags among them); otherwise it keeps only the tags the peer did not expire."""
+        mine = self._held.get(name)
+        if mine is None:
+            return False
+        if mine <= tags:
+            return True
+        mine -= tags
+        # A stale list of the peer's that still names them does not bring them back (peer_list).
+        self._tombstones[name] = self._tombstones.get(name, frozenset()) | tags
+        return False
