@@ -173,3 +173,34 @@ def test_legacy_copies_keep_the_old_rule_and_mixed_tags_go_out_whole() -> None:
     # The peer expired only the tagged creation: the legacy one stays here.
     assert not mixed.peer_expired(name, frozenset({"abc"}))
     assert mixed.tags(name) == []
+
+
+async def _restarted(broker: Broker, state: Path) -> Broker:
+    """The same broker's state folder opened again (a restart after a crash: nothing closed)."""
+    again = Broker(
+        load(BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(state), "SOKUTATSU_BROKER_ROLE": "standby"}),
+        broker.disk,
+    )
+    await again.open()
+    return again
+
+
+async def test_a_broker_restarted_before_its_peer_heard_of_an_expiry_still_sends_it_and_keeps_the_tombstone(
+    tmp_path: Path,
+) -> None:
+    """The active expires "idle" and is killed before its next frame. Restarted, it must neither take the
+    old copy back from the standby's list (its first frame) nor leave the standby's copy of the expired
+    subscription in place: the catalog records the tombstone and the expiry to send."""
+    async with _pair(tmp_path) as (active, standby):
+        await _expire_on(active)
+        again = await _restarted(active, tmp_path / "a")
+        try:
+            await _frame(standby, again)
+            assert not _held(again), "the restarted broker took back the copy it had expired"
+            await _frame(again, standby)
+            assert not _held(standby), "the standby kept the copy its peer had expired before restarting"
+            await _frame(standby, again)
+            assert not again.lists.tombstoned(("prices", "idle"))
+            assert again.expired_subscriptions() == []
+        finally:
+            await again.close()

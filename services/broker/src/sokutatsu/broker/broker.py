@@ -182,6 +182,8 @@ class Broker:
     async def open(self) -> None:
         """Load the catalog and recover durable queues' segments left by an earlier run."""
         catalog = await self.disk.call(load_catalog, self._catalog_path)
+        self.lists.restore(catalog.tombstones)
+        self.expired_names = [(name, tags_of(tags)) for name, tags in catalog.expired]
         for spec in catalog.topics.values():
             self._add_topic(spec)
         for sub in catalog.subscriptions.values():
@@ -245,6 +247,8 @@ class Broker:
             }
             # A claim being settled stays recorded: a second crash meanwhile keeps it.
             | set(self._reclaiming),
+            tombstones=self.lists.tombstones(),
+            expired=[(name, encoded(tags)) for name, tags in self.expired_names],
         )
 
     def _serving_changed(self) -> None:
@@ -404,6 +408,8 @@ class Broker:
         adopt, merged = self.lists.peer_list(
             {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole
         )
+        # An expiry whose tombstone went is applied on the peer (it lists none of those creations).
+        self.expired_names = [(name, tags) for name, tags in self.expired_names if self.lists.tombstoned(name)]
         adopted = 0
         for name, creations in adopt.items():
             sub = by_name[name]

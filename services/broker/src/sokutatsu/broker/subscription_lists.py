@@ -19,6 +19,9 @@ sender creates one, and whole on every new stream).
   goes only if each of its tags is among them; otherwise it holds a creation the peer never saw, and
   stays with those tags, which the peer then adopts from the next list.
 - A tombstone is forgotten once a whole list of the peer holds none of its tags.
+- The catalog records the tombstones and the expiries to send, so a broker that restarts before its peer
+  heard of a deletion or an expiry neither takes the old copy back from the peer's list nor leaves the
+  peer's copy of an expired one in place.
 
 Before, a tombstone was by name and left only when a whole list came without the name. A subscription
 created again on the standby in the milliseconds after it applied the active's expiry (before its next
@@ -71,6 +74,14 @@ class SubscriptionLists:
     def hold(self, name: Name, tags: Iterable[str] = ()) -> None:
         """A copy is made here: a new creation (no ``tags``: a new one), adopted, or loaded from the catalog."""
         self._held[name] = set(tags) or {new_tag()}
+
+    def tombstones(self) -> dict[Name, list[str]]:
+        """The tombstones, as the catalog records them (a restart keeps them)."""
+        return {name: encoded(dead) for name, dead in self._tombstones.items()}
+
+    def restore(self, tombstones: dict[Name, list[str]]) -> None:
+        """The tombstones the catalog recorded."""
+        self._tombstones = {name: tags_of(tags) for name, tags in tombstones.items()}
 
     def held(self, name: Name) -> bool:
         return name in self._held
