@@ -21,7 +21,7 @@ from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_nam
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import Retention, SubscriptionSpec
-from sokutatsu.broker.subscription_lists import Name, SubscriptionLists, encoded, tags_of
+from sokutatsu.broker.subscription_lists import DELETE, TRIMMED, Name, SubscriptionLists, encoded, tags_of
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
@@ -452,13 +452,14 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
-        self._remove_queue(queue, deleted=True)
+        self._remove_queue(queue)
         if queue.spec.durable:
             await self._save_catalog()
 
-    def _remove_queue(self, queue: SubscriptionQueue, *, deleted: bool = False) -> frozenset[str]:
-        """Take ``queue`` out of its topic and drop it with its segments. A durable subscription
-        ``deleted`` (or expired) leaves its creation tags tombstoned (invariant 8): they are returned."""
+    def _remove_queue(self, queue: SubscriptionQueue) -> frozenset[str]:
+        """Take ``queue`` out of its topic and drop it with its segments. A durable one (deleted or
+        expired) leaves its creation tags tombstoned (invariant 8): every tag tombstoned for its name
+        is returned."""
         tags: frozenset[str] = frozenset()
         topic = self.topics.get(queue.spec.topic)
         if topic is not None and topic.queues.get(queue.spec.subscriber_id) is queue:
@@ -466,10 +467,7 @@ class Broker:
             topic.reindex()
             if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
                 name = (queue.spec.topic, queue.spec.subscriber_id)
-                if deleted:
-                    tags = self.lists.remove(name)
-                else:
-                    self.lists.forget(name)
+                tags = self.lists.remove(name)
                 self._peer_holdings.pop(name, None)
                 self._end_reclaim(name, None, "its subscription is gone")
         queue.discard()
@@ -1092,12 +1090,14 @@ class Broker:
         broker's own claims are settled here: kept, waiting for the fill, while the peer's copy is
         away; given up otherwise.
         """
-        # Not those of a subscription deleted here that the peer still holds: made again here, it
-        # is a new subscription, whose subscriber never acknowledges the old one's numbers.
+        # Not those of a subscription deleted here (and not made again since) that the peer still
+        # holds: made again here later, it is a new subscription, whose subscriber never acknowledges
+        # the old one's numbers.
         self._peer_holdings = {
             (held.topic, held.subscriber_id): held
             for held in holdings
-            if not self.lists.tombstoned((held.topic, held.subscriber_id))
+            if self.lists.held((held.topic, held.subscriber_id))
+            or not self.lists.tombstoned((held.topic, held.subscriber_id))
         }
         raised = 0
         self.fills_wanted = {}
@@ -1282,7 +1282,7 @@ class Broker:
             queue.file_bytes,
             why,
         )
-        tags = self._remove_queue(queue, deleted=True)
+        tags = self._remove_queue(queue)
         self.subscriptions_expired += 1
         return tags
 
@@ -1295,15 +1295,18 @@ class Broker:
             queue = topic.queues.get(name.subscriber_id) if topic else None
             if queue is None or not queue.spec.durable or queue.attached:
                 continue
-            changed += 1
-            if self.lists.peer_expired((name.topic, name.subscriber_id), tags_of(name.creations)):
+            verdict = self.lists.peer_expired((name.topic, name.subscriber_id), name.creations)
+            if verdict == DELETE:
                 self._expire(queue, "the peer expired it")
-            else:
+            elif verdict == TRIMMED:
                 log.info(
                     "kept %s's subscription to %s, which the peer expired: it was created again here",
                     name.subscriber_id,
                     name.topic,
                 )
+            else:
+                continue  # an expiry heard before: nothing changes, and nothing goes back to the peer
+            changed += 1
         if changed:
             # The peer hears the whole list: without the copies deleted here, which lets it forget
             # their tags; with those kept, under their new creation's tag, which it adopts.

@@ -15,9 +15,10 @@ sender creates one, and whole on every new stream).
   has not deleted yet: it is not created again here. One with a tag not tombstoned is a creation that
   the deletion here never saw (created again on the peer, or at the same time as the deletion): it is
   created here (adopted). A creation the deletion did not see wins over it.
-- An expiry the peer sends carries the tags it expired (``SubscriptionName.creations``): the copy here
-  goes only if each of its tags is among them; otherwise it holds a creation the peer never saw, and
-  stays with those tags, which the peer then adopts from the next list.
+- An expiry the peer sends carries the tags it expired, with those it tombstoned for the name before
+  (``SubscriptionName.creations``): the copy here goes only if each of its tags is among them; otherwise
+  it holds a creation the peer never saw, and stays with those tags, which the peer then adopts from the
+  next list. An expiry without tags (from a broker before them) deletes by name, the old rule.
 - A tombstone is forgotten once a whole list of the peer holds none of its tags.
 - The catalog records the tombstones and the expiries to send, so a broker that restarts before its peer
   heard of a deletion or an expiry neither takes the old copy back from the peer's list nor leaves the
@@ -35,11 +36,13 @@ brokers, as does a peer's list entry without tags: for those the rule above is t
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 Name = tuple[str, str]  # (topic, subscriber id)
 # The tag of a subscription from a catalog, or a peer's list, written before creation tags.
 LEGACY = ""
+# What an expiry of the peer's does to the copy here (SubscriptionLists.peer_expired).
+DELETE, TRIMMED, KEPT = "delete", "trimmed", "kept"
 
 
 def new_tag() -> str:
@@ -91,15 +94,13 @@ class SubscriptionLists:
         return name in self._tombstones
 
     def remove(self, name: Name) -> frozenset[str]:
-        """The copy here is deleted or expired: tombstone its tags, and return them (for the expiry the
-        peer is told of)."""
+        """The copy here is deleted or expired: tombstone its tags. Returns every tag tombstoned for the
+        name (for the expiry the peer is told of: a copy there that also holds a creation deleted here
+        earlier, by a DeleteSubscription that reached this broker only, goes too)."""
         tags = frozenset(self._held.pop(name, ()) or {LEGACY})
-        self._tombstones[name] = self._tombstones.get(name, frozenset()) | tags
-        return tags
-
-    def forget(self, name: Name) -> None:
-        """The copy here went without a deletion of the subscription (a non-durable queue never has one)."""
-        self._held.pop(name, None)
+        dead = self._tombstones.get(name, frozenset()) | tags
+        self._tombstones[name] = dead
+        return dead
 
     def peer_list(self, entries: dict[Name, frozenset[str]], *, whole: bool) -> tuple[dict[Name, frozenset[str]], bool]:
         """A list of the peer's (``whole``: all it holds): merge the tags of copies held here, forget
@@ -120,15 +121,20 @@ class SubscriptionLists:
                 adopt[name] = frozenset(live)
         return adopt, merged
 
-    def peer_expired(self, name: Name, tags: frozenset[str]) -> bool:
-        """The peer expired its copy carrying ``tags``: True when the copy here goes too (each of its
-        tags among them); otherwise it keeps only the tags the peer did not expire."""
+    def peer_expired(self, name: Name, creations: Sequence[str]) -> str:
+        """The peer expired its copy, carrying ``creations`` (its tags and those it deleted before).
+        Returns :data:`DELETE` when the copy here goes too: each of its tags is among them, or none is
+        given (a peer from before the tags: the old rule, by name). Otherwise the copy here stays:
+        :data:`TRIMMED` when it loses tags the peer expired, :data:`KEPT` when nothing changed."""
         mine = self._held.get(name)
         if mine is None:
-            return False
-        if mine <= tags:
-            return True
+            return KEPT
+        tags = frozenset(creations)
+        if not tags or mine <= tags:
+            return DELETE
+        if not mine & tags:
+            return KEPT
         mine -= tags
         # A stale list of the peer's that still names them does not bring them back (peer_list).
         self._tombstones[name] = self._tombstones.get(name, frozenset()) | tags
-        return False
+        return TRIMMED
