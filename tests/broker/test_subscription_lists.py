@@ -5,13 +5,18 @@ process: each frame's list part (``DeliveredWatermarks.subscriptions``, ``expire
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.settings import BrokerSettings
-from sokutatsu.broker.subscription_lists import DELETE, KEPT, TRIMMED, SubscriptionLists
+from sokutatsu.broker.subscription import SubscriptionSpec
+from sokutatsu.broker.subscription_lists import DELETE, KEPT, RENEWED, TRIMMED, SubscriptionLists
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.settings import load
 from tests.broker.test_restart_claim import _running_disk
@@ -33,21 +38,39 @@ class _Link:
     def __init__(self, sender: Broker, receiver: Broker, *, old: bool = False) -> None:
         self.sender, self.receiver, self.old, self.sent, self.frames = sender, receiver, old, -1, 0
 
-    async def step(self) -> bool:
+    def build(self) -> Callable[[], Awaitable[None]] | None:
+        """The sender's next frame's list part as built now (None: nothing new), to apply later."""
         version = self.sender.subscriptions_version
         if version == self.sent:
-            return False
-        expired, subscriptions = self.sender.expired_subscriptions(), self.sender.durable_subscriptions()
+            return None
+        expired, deleted = self.sender.expired_subscriptions(), self.sender.deleted_subscriptions()
+        subscriptions = self.sender.durable_subscriptions()
+        applied = self.sender.peer_version_applied
         if self.old:
             for name in expired:
                 del name.creations[:]
             for subscription in subscriptions:
                 del subscription.creations[:]
+            deleted = []  # a broker before the tags never sends its deletions
         self.sent = version
         self.frames += 1
-        if expired:
-            await self.receiver.apply_expired(expired)
-        await self.receiver.adopt_subscriptions(subscriptions, whole=True)
+
+        async def apply() -> None:
+            self.receiver.note_peer_tags(not self.old)
+            if expired:
+                await self.receiver.apply_removed(expired, expired=True)
+            if deleted:
+                await self.receiver.apply_removed(deleted, expired=False)
+            await self.receiver.adopt_subscriptions(subscriptions, whole=True, applied=0 if self.old else applied)
+            self.receiver.peer_version_applied = version
+
+        return apply
+
+    async def step(self) -> bool:
+        frame = self.build()
+        if frame is None:
+            return False
+        await frame()
         return True
 
 
@@ -153,18 +176,107 @@ async def test_a_subscription_created_again_on_both_before_the_standby_heard_of_
         assert standby.lists.tags(("prices", "idle")) == active.lists.tags(("prices", "idle"))
 
 
-async def test_a_deleted_subscription_is_not_brought_back_while_the_peer_still_holds_it(tmp_path: Path) -> None:
-    """A DeleteSubscription that reached one broker only: the peer's lists still hold the deleted creation,
-    and do not bring it back; a later creation on the peer is adopted."""
+async def test_a_deletion_on_one_broker_deletes_the_peer_s_copy_and_a_stale_list_does_not_bring_it_back(
+    tmp_path: Path,
+) -> None:
+    """A DeleteSubscription that reached one broker only: the peer deletes its copy from the next frame
+    (before the second review, deletions were not sent, and the peer kept its copy, a shadow that never
+    expires, until a client deleted it there too); a list of the peer's built before that frame came does
+    not bring it back; a later creation on the peer is taken."""
     async with _pair(tmp_path) as (active, standby, to_standby, to_active):
         await active.delete_subscription("prices", "idle")
-        standby.subscriptions_version += 1
+        standby.subscriptions_version += 1  # a frame of the standby's is on its way, built before the deletion
+        await to_active.step()
+        assert not _held(active), "a list older than the deletion brought the subscription back"
         await _settle(to_standby, to_active)
+        assert not _held(standby), "the standby kept the subscription deleted on its peer"
         assert not _held(active)
-        await standby.delete_subscription("prices", "idle")
         await _create(standby)
         await _settle(to_standby, to_active)
         assert _held(active)
+
+
+async def test_a_subscription_created_and_deleted_on_both_while_lists_are_in_flight_stays_deleted(
+    tmp_path: Path,
+) -> None:
+    """The second review's first schedule: a client creates "fresh" on both brokers and deletes it on both
+    while each broker's list naming its own creation is on its way. Each broker takes the other's creation
+    from that list (its deletion never saw it); before deletions were sent, that copy stayed for good."""
+    fresh = broker_pb2.Subscription(subscriber_id="fresh", topic="prices", durable=True)
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        for broker in (active, standby):
+            await broker.create_subscription(broker.subscription_spec(fresh))
+        to_b, to_a = to_standby.build(), to_active.build()
+        assert to_b is not None
+        assert to_a is not None
+        for broker in (active, standby):
+            await broker.delete_subscription("prices", "fresh")
+        await to_b()
+        await to_a()
+        await _settle(to_standby, to_active)
+        for broker in (active, standby):
+            assert "fresh" not in broker.topics["prices"].queues, broker.settings.instance
+
+
+async def test_tags_stay_few_through_one_sided_deletions_and_creations(tmp_path: Path) -> None:
+    """The second review's third schedule, fifty times: a DeleteSubscription reaches the active only, then
+    the SDK creates the subscription on both. Before deletions were sent, the standby's copy gathered a tag
+    per round (52 after 50), and the active's tombstone as many, in every list, catalog and expiry."""
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        for _ in range(50):
+            await active.delete_subscription("prices", "idle")
+            await _settle(to_standby, to_active)
+            await _create(active, standby)
+            await _settle(to_standby, to_active)
+        for broker in (active, standby):
+            assert _held(broker)
+            assert len(broker.lists.tags(("prices", "idle"))) <= 2, broker.lists.tags(("prices", "idle"))
+            assert len(broker.lists.tombstones()) <= 1, broker.lists.tombstones()
+
+
+async def test_an_expiry_that_finds_a_subscriber_attached_on_the_peer_leaves_both_copies(tmp_path: Path) -> None:
+    """The second review's second schedule: the active expires "idle" and is killed before its next frame;
+    the standby, promoted, serves the subscriber; the active restarts and sends the expiry its catalog
+    kept. The standby's copy, in use, stays under a new tag, which the restarted broker takes: two
+    copies, and a later expiry of the old creation deletes nothing. Before, the standby skipped the expiry,
+    the restarted broker kept its tombstone and never took the copy back: one copy, and the next time the
+    subscriber disconnected the standby deleted the subscription in use."""
+    async with _pair(tmp_path) as (active, standby, _to_standby, _to_active):
+        await _expire_on(active)
+        again = await _restarted(active, tmp_path / "a")
+        try:
+            standby.take_over(standby.queue("prices", "idle"), "failover")
+            queue, _ = await standby.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=10))
+            assert queue.attached
+            links = _Link(again, standby), _Link(standby, again)
+            await _settle(*links)
+            assert _held(standby), "the standby deleted the subscription its subscriber is attached to"
+            assert _held(again), "the restarted broker did not take back the copy in use on its peer"
+            standby.detach(queue)
+            again.subscriptions_version += 1  # any later change of the restarted broker's list
+            await _settle(*links)
+            assert _held(standby)
+            assert _held(again)
+        finally:
+            await again.close()
+
+
+async def test_a_peer_before_the_tags_is_sent_no_expiry_of_a_subscription_created_again_here(
+    tmp_path: Path,
+) -> None:
+    """The second review's fourth schedule, on the sender's side: a broker from before the tags deletes by
+    name, so an expiry of "idle" sent after a client created it again here would delete the new one there,
+    and keep it out for good. Such a peer is sent no expiry of a name held here (the old behaviour); once
+    the peer says it understands tags, the list goes again, with the expiry."""
+    async with _pair(tmp_path) as (active, _standby, *_):
+        await _expire_on(active)
+        await _create(active)
+        active.note_peer_tags(False)
+        assert active.expired_subscriptions() == []
+        version = active.subscriptions_version
+        active.note_peer_tags(True)
+        assert active.subscriptions_version != version
+        assert [n.subscriber_id for n in active.expired_subscriptions()] == ["idle"]
 
 
 async def test_an_expiry_takes_the_peer_s_copy_holding_a_creation_deleted_on_one_broker_only(tmp_path: Path) -> None:
@@ -273,25 +385,33 @@ async def test_creation_tags_survive_a_restart_and_a_catalog_without_them_reads_
 
 def test_legacy_copies_keep_the_old_rule_and_mixed_tags_go_out_whole() -> None:
     """A peer's entry without tags is the legacy creation: tombstoned here, it is kept out until a whole
-    list comes without it, as before the tags. A legacy copy that learned a tagged creation sends both."""
+    list comes without it (built after the peer heard of the deletion), as before the tags. A legacy copy
+    that learned a tagged creation sends both."""
     name = ("prices", "idle")
     lists = SubscriptionLists()
     lists.hold(name, [""])
-    lists.remove(name)
-    assert lists.peer_list({name: frozenset({""})}, whole=True) == ({}, False)
+    lists.remove(name, version=7)
+    assert lists.peer_list({name: frozenset({""})}, whole=True, applied=7) == ({}, False)
     assert lists.tombstoned(name)
-    assert lists.peer_list({}, whole=True) == ({}, False)
+    assert lists.peer_list({}, whole=True, applied=6) == ({}, False)
+    assert lists.tombstoned(name), "a list built before the peer heard of the deletion forgot its tombstone"
+    assert lists.peer_list({}, whole=True, applied=7) == ({}, False)
     assert not lists.tombstoned(name)
-    assert lists.peer_list({name: frozenset({""})}, whole=True) == ({name: frozenset({""})}, False)
+    assert lists.peer_list({name: frozenset({""})}, whole=True, applied=7) == ({name: frozenset({""})}, False)
     mixed = SubscriptionLists()
     mixed.hold(name, [""])
-    assert mixed.peer_list({name: frozenset({"abc"})}, whole=True) == ({}, True)
+    assert mixed.peer_list({name: frozenset({"abc"})}, whole=True, applied=0) == ({}, True)
     assert mixed.tags(name) == ["", "abc"]
     # The peer expired only the tagged creation: the legacy one stays here.
-    assert mixed.peer_expired(name, ["abc"]) == TRIMMED
+    assert mixed.peer_removed(name, ["abc"], attached=False, version=1) == TRIMMED
     assert mixed.tags(name) == []
-    assert mixed.peer_expired(name, ["abc"]) == KEPT  # heard before: nothing changes
-    assert mixed.peer_expired(name, []) == DELETE  # from a broker before the tags: by name
+    assert mixed.peer_removed(name, ["abc"], attached=False, version=2) == KEPT  # heard before: nothing changes
+    assert mixed.peer_removed(name, [], attached=True, version=2) == KEPT  # by name: not a copy in use
+    assert mixed.peer_removed(name, [], attached=False, version=2) == DELETE  # a broker before the tags: by name
+    used = SubscriptionLists()
+    used.hold(name, ["abc"])
+    assert used.peer_removed(name, ["abc"], attached=True, version=1) == RENEWED
+    assert used.tags(name) not in ([], ["abc"])
 
 
 async def _restarted(broker: Broker, state: Path) -> Broker:
@@ -323,3 +443,114 @@ async def test_a_broker_restarted_before_its_peer_heard_of_an_expiry_still_sends
             assert again.expired_subscriptions() == []
         finally:
             await again.close()
+
+
+NAMES = ("n0", "n1", "n2")
+
+
+class _Schedule:
+    """Two brokers, and per direction the frames built and not yet applied (a stream keeps their order):
+    a random schedule of creations, deletions and expiries on one broker or both, frames built and
+    delivered, and crashes (the stream's frames lost, the broker opened again on its state)."""
+
+    def __init__(self, brokers: list[Broker], seed: int, tmp_path: Path) -> None:
+        self.brokers = brokers
+        self.random = random.Random(seed)  # noqa: S311 - a reproducible schedule, not a secret
+        self.tmp_path = tmp_path
+        self.crashed: list[Broker] = []
+        self.links = [_Link(brokers[0], brokers[1]), _Link(brokers[1], brokers[0])]
+        self.flight: list[list[Callable[[], Awaitable[None]]]] = [[], []]
+        # The last operation on each name made on both brokers, while no one-sided one came after it.
+        self.last_on_both: dict[str, str] = {}
+
+    def _spec(self, broker: Broker, name: str) -> SubscriptionSpec:
+        return broker.subscription_spec(broker_pb2.Subscription(subscriber_id=name, topic="prices", durable=True))
+
+    async def step(self) -> None:
+        roll = self.random.random()
+        name = self.random.choice(NAMES)
+        which = self.random.choice(["a", "b", "both"])
+        on = [self.brokers[i] for i in ((0,) if which == "a" else (1,) if which == "b" else (0, 1))]
+        if roll < 0.2:
+            for broker in on:
+                await broker.create_subscription(self._spec(broker, name))
+            self._note(name, which, "create")
+        elif roll < 0.35:
+            for broker in on:
+                if name in broker.topics.get("prices", _NO_TOPIC).queues:
+                    await broker.delete_subscription("prices", name)
+            self._note(name, which, "delete")
+        elif roll < 0.42:
+            broker = self.random.choice(self.brokers)
+            queue = broker.topics.get("prices", _NO_TOPIC).queues.get(name)
+            if queue is not None and queue.state == broker_pb2.QUEUE_STATE_SERVING:
+                queue.idle_since -= 8 * 86400
+                await broker.tick_retention()
+                self._note(name, "one", "expire")  # a creation the expiring copy never saw stays (add wins)
+        elif roll < 0.7:
+            direction = self.random.randrange(2)
+            frame = self.links[direction].build()
+            if frame is not None:
+                self.flight[direction].append(frame)
+        elif roll < 0.97:
+            direction = self.random.randrange(2)
+            if self.flight[direction]:
+                await self.flight[direction].pop(0)()
+        else:
+            await self.crash(self.random.randrange(2))
+
+    def _note(self, name: str, which: str, operation: str) -> None:
+        if which == "both":
+            self.last_on_both[name] = operation
+        else:
+            self.last_on_both.pop(name, None)
+
+    async def crash(self, index: int) -> None:
+        """kill -9 and start again: its streams' frames are lost, both streams begin with whole lists."""
+        old = self.brokers[index]
+        self.crashed.append(old)
+        self.brokers[index] = await _restarted(old, self.tmp_path / "ab"[index])
+        self.links = [_Link(self.brokers[0], self.brokers[1]), _Link(self.brokers[1], self.brokers[0])]
+        self.flight = [[], []]
+
+    async def settle(self) -> None:
+        for direction in (0, 1):
+            for frame in self.flight[direction]:
+                await frame()
+        self.flight = [[], []]
+        await _settle(*self.links)
+
+
+_NO_TOPIC = SimpleNamespace(queues={})
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_random_schedules_leave_both_brokers_holding_the_same_subscriptions(tmp_path: Path, seed: int) -> None:
+    """Invariant 8 under random schedules (the second review's fuzz, kept): once the frames are through,
+    the lists go quiet, each subscription is held by both brokers or by neither, a subscription last
+    created on both is held, and one last deleted on both is not."""
+    async with _running_disk() as disk:
+        brokers = [
+            Broker(load(BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "a")}), disk),
+            Broker(
+                load(
+                    BrokerSettings,
+                    {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "b"), "SOKUTATSU_BROKER_ROLE": "standby"},
+                ),
+                disk,
+            ),
+        ]
+        for broker in brokers:
+            await broker.open()
+        schedule = _Schedule(brokers, seed, tmp_path)
+        try:
+            for _ in range(40):
+                await schedule.step()
+            await schedule.settle()
+            held = [set(b.topics.get("prices", _NO_TOPIC).queues) for b in schedule.brokers]
+            assert held[0] == held[1], f"seed {seed}: the brokers hold {held[0]} and {held[1]}"
+            for name, operation in schedule.last_on_both.items():
+                assert (name in held[0]) == (operation == "create"), f"seed {seed}: {name} last {operation}d"
+        finally:
+            for broker in [*schedule.brokers, *schedule.crashed]:
+                await broker.close()

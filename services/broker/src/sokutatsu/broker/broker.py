@@ -21,7 +21,7 @@ from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_nam
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import Retention, SubscriptionSpec
-from sokutatsu.broker.subscription_lists import DELETE, TRIMMED, Name, SubscriptionLists, encoded, tags_of
+from sokutatsu.broker.subscription_lists import DELETE, KEPT, Name, SubscriptionLists, encoded, tags_of
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
@@ -137,9 +137,12 @@ class Broker:
         # The peer's answer to GetRole at its client address, or None (pair.py sets it).
         self.peer_role: Callable[[], Awaitable[broker_pb2.RoleInfo | None]] = _no_answer
         self._doubt: asyncio.Future[None] | None = None
-        # Bumped when a durable subscription is created here: the watermark stream then
-        # sends the peer the whole list (pair.py), so the pair holds each one on both.
-        self.subscriptions_version = 0
+        # Bumped when the durable subscriptions here change: the watermark stream then sends the peer
+        # the whole list (pair.py), so the pair holds each one on both. It starts from the wall clock
+        # in ns, so it grows across restarts (the peer acknowledges versions: invariant 8).
+        self.subscriptions_version = time.time_ns()
+        # The peer's list version last applied here, acknowledged in every frame (invariant 8).
+        self.peer_version_applied = 0
         # The creation tags of the durable subscriptions held here, and of those deleted or expired
         # here: the peer's lists bring back only a creation a deletion here did not see
         # (subscription_lists.py, invariant 8).
@@ -154,10 +157,14 @@ class Broker:
             max_age_ms=round(settings.retention_max_age * 1000),
             policy=settings.retention_policy,
         )
-        # Durable subscriptions expired (SUBSCRIPTION_EXPIRY) here or on the peer since start, and
-        # the names (with the creation tags) this broker expired, sent to the peer with the list.
+        # Durable subscriptions expired (SUBSCRIPTION_EXPIRY) here or on the peer since start; the
+        # names (with the creation tags) this broker expired, and those a client deleted here, sent to
+        # the peer with the list until it lists none of those creations (invariant 8).
         self.subscriptions_expired = 0
         self.expired_names: list[tuple[Name, frozenset[str]]] = []
+        self.deleted_names: list[tuple[Name, frozenset[str]]] = []
+        # Whether the peer's last frame said it understands creation tags (invariant 8).
+        self.peer_creation_tags = False
         self._catalog_path = settings.state_dir / "catalog.json"
         self._queues_dir = settings.state_dir / "queues"
         # Invariant 7 (pair_state.py): queues this broker, restarted, served before and may serve again
@@ -184,6 +191,7 @@ class Broker:
         catalog = await self.disk.call(load_catalog, self._catalog_path)
         self.lists.restore(catalog.tombstones)
         self.expired_names = [(name, tags_of(tags)) for name, tags in catalog.expired]
+        self.deleted_names = [(name, tags_of(tags)) for name, tags in catalog.deleted]
         for spec in catalog.topics.values():
             self._add_topic(spec)
         for sub in catalog.subscriptions.values():
@@ -249,6 +257,7 @@ class Broker:
             | set(self._reclaiming),
             tombstones=self.lists.tombstones(),
             expired=[(name, encoded(tags)) for name, tags in self.expired_names],
+            deleted=[(name, encoded(tags)) for name, tags in self.deleted_names],
         )
 
     def _serving_changed(self) -> None:
@@ -379,9 +388,25 @@ class Broker:
 
     def expired_subscriptions(self) -> list[broker_pb2.SubscriptionName]:
         """The names this broker expired, with their creation tags, for the peer (sent with the list)."""
+        return self._removals(self.expired_names)
+
+    def deleted_subscriptions(self) -> list[broker_pb2.SubscriptionName]:
+        """The names a client deleted here, with their creation tags, for the peer (sent with the list)."""
+        return self._removals(self.deleted_names)
+
+    def note_peer_tags(self, understood: bool) -> None:
+        """The peer's frame says whether it understands creation tags. Once it does, the list goes out
+        again with every expiry: those of subscriptions created again here were held back (invariant 8)."""
+        if understood and not self.peer_creation_tags:
+            self.subscriptions_version += 1
+        self.peer_creation_tags = understood
+
+    def _removals(self, names: list[tuple[Name, frozenset[str]]]) -> list[broker_pb2.SubscriptionName]:
+        # A peer from before the tags deletes by name: not one created again here since (invariant 8).
         return [
-            broker_pb2.SubscriptionName(topic=topic, subscriber_id=subscriber, creations=encoded(tags))
-            for (topic, subscriber), tags in self.expired_names
+            broker_pb2.SubscriptionName(topic=name[0], subscriber_id=name[1], creations=encoded(tags))
+            for name, tags in names
+            if self.peer_creation_tags or not self.lists.held(name)
         ]
 
     def durable_subscriptions(self) -> list[broker_pb2.Subscription]:
@@ -395,8 +420,11 @@ class Broker:
                     subs.append(sub)
         return subs
 
-    async def adopt_subscriptions(self, subscriptions: Sequence[broker_pb2.Subscription], *, whole: bool) -> None:
-        """The peer's durable subscriptions (``whole``: all it holds): create those this broker lacks.
+    async def adopt_subscriptions(
+        self, subscriptions: Sequence[broker_pb2.Subscription], *, whole: bool, applied: int = 0
+    ) -> None:
+        """The peer's durable subscriptions (``whole``: all it holds, built after it applied this
+        broker's list version ``applied``): create those this broker lacks.
 
         A client's ``CreateSubscription`` may have reached one broker only (the other was
         down or did not answer in time); without its queue here, a subscriber redirected
@@ -406,10 +434,11 @@ class Broker:
         """
         by_name = {(sub.topic, sub.subscriber_id): sub for sub in subscriptions}
         adopt, merged = self.lists.peer_list(
-            {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole
+            {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole, applied=applied
         )
-        # An expiry whose tombstone went is applied on the peer (it lists none of those creations).
+        # A deletion or expiry whose tombstone went is applied on the peer (it lists none of those creations).
         self.expired_names = [(name, tags) for name, tags in self.expired_names if self.lists.tombstoned(name)]
+        self.deleted_names = [(name, tags) for name, tags in self.deleted_names if self.lists.tombstoned(name)]
         adopted = 0
         for name, creations in adopt.items():
             sub = by_name[name]
@@ -452,8 +481,14 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
-        self._remove_queue(queue)
+        tags = self._remove_queue(queue)
         if queue.spec.durable:
+            # The peer deletes its copy too, from the next frame (invariant 8).
+            self.deleted_names = [
+                *(n for n in self.deleted_names if n[0] != (topic_name, subscriber_id)),
+                ((topic_name, subscriber_id), tags),
+            ][-1000:]
+            self.subscriptions_version += 1
             await self._save_catalog()
 
     def _remove_queue(self, queue: SubscriptionQueue) -> frozenset[str]:
@@ -467,7 +502,7 @@ class Broker:
             topic.reindex()
             if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
                 name = (queue.spec.topic, queue.spec.subscriber_id)
-                tags = self.lists.remove(name)
+                tags = self.lists.remove(name, self.subscriptions_version + 1)  # its caller bumps it once
                 self._peer_holdings.pop(name, None)
                 self._end_reclaim(name, None, "its subscription is gone")
         queue.discard()
@@ -1070,6 +1105,7 @@ class Broker:
                 serves=q.state in (SERVING, LEAVING),
                 reclaims=(q.spec.topic, q.spec.subscriber_id) in self._reclaiming,
                 away=q.state == AWAY,
+                creations=self.lists.tags((q.spec.topic, q.spec.subscriber_id)),
             )
             for t in self.topics.values()
             for q in t.queue_list
@@ -1090,18 +1126,16 @@ class Broker:
         broker's own claims are settled here: kept, waiting for the fill, while the peer's copy is
         away; given up otherwise.
         """
-        # Not those of a subscription deleted here (and not made again since) that the peer still
-        # holds: made again here later, it is a new subscription, whose subscriber never acknowledges
-        # the old one's numbers.
+        # Not those of a subscription deleted here that the peer still holds: made again here, it is
+        # a new subscription, whose subscriber never acknowledges the old one's numbers (invariant 8).
         self._peer_holdings = {
             (held.topic, held.subscriber_id): held
             for held in holdings
-            if self.lists.held((held.topic, held.subscriber_id))
-            or not self.lists.tombstoned((held.topic, held.subscriber_id))
+            if self.lists.takes_holdings((held.topic, held.subscriber_id), held.creations)
         }
         raised = 0
         self.fills_wanted = {}
-        for held in holdings:
+        for held in self._peer_holdings.values():
             topic = self.topics.get(held.topic)
             queue = topic.queues.get(held.subscriber_id) if topic else None
             if queue is None:
@@ -1286,27 +1320,44 @@ class Broker:
         self.subscriptions_expired += 1
         return tags
 
-    async def apply_expired(self, names: Sequence[broker_pb2.SubscriptionName]) -> None:
-        """The peer expired these durable subscriptions: delete the copies here (not one attached here,
-        nor one holding a creation the peer did not expire: invariant 8)."""
+    async def apply_removed(self, names: Sequence[broker_pb2.SubscriptionName], *, expired: bool) -> None:
+        """The peer expired (``expired``) or a client deleted there these durable subscriptions: delete
+        the copies here, but not one holding a creation the peer did not remove, nor one a subscriber is
+        attached to here (invariant 8)."""
+        what = "expired" if expired else "deleted"
         changed = 0
         for name in names:
             topic = self.topics.get(name.topic)
             queue = topic.queues.get(name.subscriber_id) if topic else None
-            if queue is None or not queue.spec.durable or queue.attached:
+            if queue is None or not queue.spec.durable:
                 continue
-            verdict = self.lists.peer_expired((name.topic, name.subscriber_id), name.creations)
-            if verdict == DELETE:
-                self._expire(queue, "the peer expired it")
-            elif verdict == TRIMMED:
+            verdict = self.lists.peer_removed(
+                (name.topic, name.subscriber_id),
+                name.creations,
+                attached=queue.attached,
+                version=self.subscriptions_version + 1,  # bumped once, below
+            )
+            if verdict == KEPT:
+                continue  # heard before, or by name on a copy in use: nothing changes, nothing goes back
+            changed += 1
+            if verdict != DELETE:
                 log.info(
-                    "kept %s's subscription to %s, which the peer expired: it was created again here",
+                    "kept %s's subscription to %s, which the peer %s: %s",
                     name.subscriber_id,
                     name.topic,
+                    what,
+                    "a subscriber is attached to it here" if queue.attached else "it was created again here",
                 )
+            elif expired:
+                self._expire(queue, "the peer expired it")
             else:
-                continue  # an expiry heard before: nothing changes, and nothing goes back to the peer
-            changed += 1
+                log.warning(
+                    "deleted the durable subscription of %s to %s (%d messages): the peer deleted it",
+                    name.subscriber_id,
+                    name.topic,
+                    queue.depth,
+                )
+                self._remove_queue(queue)
         if changed:
             # The peer hears the whole list: without the copies deleted here, which lets it forget
             # their tags; with those kept, under their new creation's tag, which it adopts.

@@ -30,10 +30,11 @@ class Catalog:
     # Each durable subscription's creation tags (subscription_lists.py, invariant 8); none in a
     # catalog written before them.
     creations: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    # The tags of copies deleted or expired here that the peer may still list, and the expiries
-    # not yet known to be applied by the peer (invariant 8): a restart keeps both.
-    tombstones: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # The tags of copies deleted or expired here that the peer may still list, and the expiries and
+    # deletions not yet known to be applied by the peer (invariant 8): a restart keeps them.
+    tombstones: dict[tuple[str, str], tuple[list[str], int]] = field(default_factory=dict)
     expired: list[tuple[tuple[str, str], list[str]]] = field(default_factory=list)
+    deleted: list[tuple[tuple[str, str], list[str]]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,8 +44,9 @@ class Catalog:
                 {**s.to_json(), "creations": self.creations.get(name, [])} for name, s in self.subscriptions.items()
             ],
             "served": [list(name) for name in sorted(self.served)],
-            "tombstones": [[*name, tags] for name, tags in sorted(self.tombstones.items())],
+            "tombstones": [[*name, tags, version] for name, (tags, version) in self.tombstones.items()],
             "expired": [[*name, tags] for name, tags in self.expired],
+            "deleted": [[*name, tags] for name, tags in self.deleted],
         }
 
 
@@ -61,10 +63,12 @@ def load_catalog(path: Path) -> Catalog:
         catalog.creations[(spec.topic, spec.subscriber_id)] = [str(tag) for tag in s.get("creations", [])]
     for topic, subscriber_id in data.get("served", []):  # absent in catalogs written before it
         catalog.served.add((str(topic), str(subscriber_id)))
-    for topic, subscriber_id, tags in data.get("tombstones", []):  # absent in catalogs written before them
-        catalog.tombstones[(str(topic), str(subscriber_id))] = [str(t) for t in tags]
+    for topic, subscriber_id, tags, version in data.get("tombstones", []):  # absent in catalogs before them
+        catalog.tombstones[(str(topic), str(subscriber_id))] = ([str(t) for t in tags], int(version))
     for topic, subscriber_id, tags in data.get("expired", []):
         catalog.expired.append(((str(topic), str(subscriber_id)), [str(t) for t in tags]))
+    for topic, subscriber_id, tags in data.get("deleted", []):
+        catalog.deleted.append(((str(topic), str(subscriber_id)), [str(t) for t in tags]))
     return catalog
 
 

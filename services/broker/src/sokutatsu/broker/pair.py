@@ -172,6 +172,10 @@ async def _frames(
                 subscriptions=broker.durable_subscriptions() if version != subscriptions_sent else (),
                 subscriptions_included=version != subscriptions_sent,
                 expired=broker.expired_subscriptions() if version != subscriptions_sent else (),
+                deleted=broker.deleted_subscriptions() if version != subscriptions_sent else (),
+                creation_tags=True,
+                subscriptions_version=version if version != subscriptions_sent else 0,
+                subscriptions_applied=broker.peer_version_applied,
                 session=session,
                 holdings_included=holdings,
                 holdings=broker.holdings() if holdings else (),
@@ -207,11 +211,19 @@ async def receive_watermarks(
         async for frame in frames:
             check_role(frame.role, "DeliveredWatermarks.role")
             broker.apply_watermarks(frame)
+            broker.note_peer_tags(frame.creation_tags)
             if frame.expired:
-                await broker.apply_expired(frame.expired)
+                await broker.apply_removed(frame.expired, expired=True)
+            if frame.deleted:
+                await broker.apply_removed(frame.deleted, expired=False)
             if frame.subscriptions_included or frame.subscriptions:
                 # The queues this creates take the peer's holdings as they are made (Broker._add_queue).
-                await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included)
+                await broker.adopt_subscriptions(
+                    frame.subscriptions, whole=frame.subscriptions_included, applied=frame.subscriptions_applied
+                )
+                # Acknowledged in this broker's next frames (invariant 8); a restarted peer's versions
+                # start above its old ones.
+                broker.peer_version_applied = frame.subscriptions_version
 
     if stopping.is_set():
         return

@@ -1,36 +1,51 @@
 """The pair's durable subscriptions as an observed-remove set: the one place its rule is enforced.
 
-**Invariant 8: a durable subscription is held by both brokers unless it was deleted or expired, and a
-peer's stale list neither brings back a deleted one nor keeps out one created again.**
+**Invariant 8: both brokers hold a durable subscription, or neither does, once their frames have crossed:
+a creation on either reaches the other, and so does a deletion or an expiry, except of a copy a
+subscriber is attached to (that copy stays, and comes back on the other); a peer's stale list neither
+brings back a deleted subscription nor keeps out one created again.**
 
 Each creation of a durable subscription on a broker (``CreateSubscription``, or ``AcceptSubscriber`` for
 one it lacked) gets a *creation tag*, random. A broker's copy carries the tags it knows for that name:
 its own creation's, and those the peer's lists (``DeliveredWatermarks.subscriptions``, each with
 ``Subscription.creations``) give for the same name: a copy adopted from the peer takes the peer's.
-While the pair's link is up both copies come to carry the same tags (each list goes out when its
-sender creates one, and whole on every new stream).
+Lists go out when their sender's subscriptions change, and whole on every new stream.
 
-- Deleting or expiring a copy here *tombstones* the tags it carried.
+- Deleting or expiring a copy here *tombstones* the tags it carried, and the peer is told
+  (``DeliveredWatermarks.deleted`` / ``expired``, each name with every tag tombstoned for it here).
 - A peer's list that names a subscription only with tombstoned tags names the old one, which the peer
   has not deleted yet: it is not created again here. One with a tag not tombstoned is a creation that
   the deletion here never saw (created again on the peer, or at the same time as the deletion): it is
   created here (adopted). A creation the deletion did not see wins over it.
-- An expiry the peer sends carries the tags it expired, with those it tombstoned for the name before
-  (``SubscriptionName.creations``): the copy here goes only if each of its tags is among them; otherwise
-  it holds a creation the peer never saw, and stays with those tags, which the peer then adopts from the
-  next list. An expiry without tags (from a broker before them) deletes by name, the old rule.
-- A tombstone is forgotten once a whole list of the peer holds none of its tags.
-- The catalog records the tombstones and the expiries to send, so a broker that restarts before its peer
-  heard of a deletion or an expiry neither takes the old copy back from the peer's list nor leaves the
-  peer's copy of an expired one in place.
+- A deletion or expiry of the peer's deletes the copy here only if each of its tags is among those the
+  peer names; otherwise the copy holds a creation the peer never saw, and stays with the rest of its
+  tags, which the peer then adopts from the next list. A copy a subscriber is attached to here stays
+  too, under a new tag: the peer takes it back from the next list. One without tags (a broker before
+  them, or a copy from before them) deletes by name, the old rule, not one attached here.
+- A tombstone, and the deletion or expiry sent for it, are forgotten once a whole list of the peer's holds
+  none of its tags *and* was built after the peer applied the list version of this broker's that first
+  carried it (``DeliveredWatermarks.subscriptions_applied``). A list built earlier proves nothing: the
+  peer may still take the creation from an older frame of this broker's on its way (a creation and a
+  deletion on both brokers while lists cross; the second review). The catalog records both, so a broker
+  that restarts before its peer heard of a deletion or an expiry neither takes the old copy back from the
+  peer's list nor leaves the peer's copy in place. List versions start from the wall clock in
+  nanoseconds, so they grow across restarts and an acknowledgement from before a restart never covers a
+  later version. At most :data:`TOMBSTONES_KEPT` names keep a tombstone (the oldest go first): with a
+  peer from before the tags, which acknowledges nothing, they would otherwise only grow.
+- The peer's holdings (invariant 4) are left out when their tags are all tombstoned here: the peer's
+  copy is a subscription older than any made here since (:meth:`SubscriptionLists.takes_holdings`).
 
 Before, a tombstone was by name and left only when a whole list came without the name. A subscription
 created again on the standby in the milliseconds after it applied the active's expiry (before its next
 frame was built) then kept one copy: its list without the name was never sent, and the active never
-took the new one (``tests/broker/test_subscription_lists.py``).
+took the new one (``tests/broker/test_subscription_lists.py`` has that schedule and the others reviews
+found).
 
 Catalogs written before tags give their subscriptions the tag ``""`` (:data:`LEGACY`) on both
-brokers, as does a peer's list entry without tags: for those the rule above is the old one.
+brokers, as does a peer's list entry without tags: for those the rule above is the old one. A peer from
+before the tags (``DeliveredWatermarks.creation_tags`` unset) deletes by name and never hears of
+deletions; it is sent no expiry of a subscription created again here since (the old behaviour), since it
+would delete the new one.
 """
 
 from __future__ import annotations
@@ -41,8 +56,10 @@ from collections.abc import Iterable, Sequence
 Name = tuple[str, str]  # (topic, subscriber id)
 # The tag of a subscription from a catalog, or a peer's list, written before creation tags.
 LEGACY = ""
-# What an expiry of the peer's does to the copy here (SubscriptionLists.peer_expired).
-DELETE, TRIMMED, KEPT = "delete", "trimmed", "kept"
+# What a deletion or expiry of the peer's does to the copy here (SubscriptionLists.peer_removed).
+DELETE, TRIMMED, RENEWED, KEPT = "delete", "trimmed", "renewed", "kept"
+# The most names that keep a tombstone.
+TOMBSTONES_KEPT = 10_000
 
 
 def new_tag() -> str:
@@ -50,7 +67,7 @@ def new_tag() -> str:
 
 
 def tags_of(creations: Iterable[str]) -> frozenset[str]:
-    """The tags a list entry, an expired name or a catalog entry carries (none: :data:`LEGACY`)."""
+    """The tags a list entry or a catalog entry carries (none: :data:`LEGACY`)."""
     tags = frozenset(creations)
     return tags or frozenset({LEGACY})
 
@@ -63,28 +80,22 @@ def encoded(tags: Iterable[str]) -> list[str]:
 
 class SubscriptionLists:
     """The creation tags of the durable subscriptions a broker holds, and the tombstones of those it
-    deleted or expired. The broker keeps it in step with its queues (``Broker._add_queue`` callers and
+    deleted or expired. The broker keeps it in step with its durable queues (``Broker._add_queue``,
     ``Broker._remove_queue``); the decisions of invariant 8 are made here."""
 
     def __init__(self) -> None:
         self._held: dict[Name, set[str]] = {}
-        self._tombstones: dict[Name, frozenset[str]] = {}
+        # Per name: the tags, and this broker's list version when tags were last added (the peer must
+        # have applied a list at least that new before the tombstone may go). The newest last.
+        self._tombstones: dict[Name, tuple[frozenset[str], int]] = {}
 
     def tags(self, name: Name) -> list[str]:
-        """The tags of a copy held here, as a list or a catalog carries them (:func:`encoded`)."""
+        """The tags of a copy held here, as a list, a holding or a catalog carries them (:func:`encoded`)."""
         return encoded(self._held.get(name, ()))
 
     def hold(self, name: Name, tags: Iterable[str] = ()) -> None:
         """A copy is made here: a new creation (no ``tags``: a new one), adopted, or loaded from the catalog."""
         self._held[name] = set(tags) or {new_tag()}
-
-    def tombstones(self) -> dict[Name, list[str]]:
-        """The tombstones, as the catalog records them (a restart keeps them)."""
-        return {name: encoded(dead) for name, dead in self._tombstones.items()}
-
-    def restore(self, tombstones: dict[Name, list[str]]) -> None:
-        """The tombstones the catalog recorded."""
-        self._tombstones = {name: tags_of(tags) for name, tags in tombstones.items()}
 
     def held(self, name: Name) -> bool:
         return name in self._held
@@ -93,26 +104,51 @@ class SubscriptionLists:
         """A copy of this name was deleted here that the peer's lists may still hold."""
         return name in self._tombstones
 
-    def remove(self, name: Name) -> frozenset[str]:
-        """The copy here is deleted or expired: tombstone its tags. Returns every tag tombstoned for the
-        name (for the expiry the peer is told of: a copy there that also holds a creation deleted here
-        earlier, by a DeleteSubscription that reached this broker only, goes too)."""
-        tags = frozenset(self._held.pop(name, ()) or {LEGACY})
-        dead = self._tombstones.get(name, frozenset()) | tags
-        self._tombstones[name] = dead
+    def tombstones(self) -> dict[Name, tuple[list[str], int]]:
+        """The tombstones, as the catalog records them (a restart keeps them)."""
+        return {name: (encoded(dead), version) for name, (dead, version) in self._tombstones.items()}
+
+    def restore(self, tombstones: dict[Name, tuple[list[str], int]]) -> None:
+        """The tombstones the catalog recorded."""
+        self._tombstones = {name: (tags_of(tags), version) for name, (tags, version) in tombstones.items()}
+
+    def _dead(self, name: Name) -> frozenset[str]:
+        entry = self._tombstones.get(name)
+        return entry[0] if entry is not None else frozenset()
+
+    def _bury(self, name: Name, tags: frozenset[str], version: int) -> frozenset[str]:
+        dead = self._dead(name) | tags
+        self._tombstones.pop(name, None)
+        self._tombstones[name] = (dead, version)
+        while len(self._tombstones) > TOMBSTONES_KEPT:
+            del self._tombstones[next(iter(self._tombstones))]
         return dead
 
-    def peer_list(self, entries: dict[Name, frozenset[str]], *, whole: bool) -> tuple[dict[Name, frozenset[str]], bool]:
-        """A list of the peer's (``whole``: all it holds): merge the tags of copies held here, forget
-        tombstones it no longer holds any tag of. Returns the entries to adopt, with their tags, and
-        whether a copy here took a tag (the catalog then records it)."""
+    def remove(self, name: Name, version: int) -> frozenset[str]:
+        """The copy here is deleted or expired (``version``: the list version that first carries it):
+        tombstone its tags. Returns every tag tombstoned for the name, for the deletion or expiry the
+        peer is told of: a copy there that also holds a creation deleted here earlier goes too."""
+        return self._bury(name, frozenset(self._held.pop(name, ()) or {LEGACY}), version)
+
+    def peer_list(
+        self, entries: dict[Name, frozenset[str]], *, whole: bool, applied: int
+    ) -> tuple[dict[Name, frozenset[str]], bool]:
+        """A list of the peer's (``whole``: all it holds), built after it applied this broker's list
+        version ``applied``: merge the tags of copies held here, and forget the tombstones it had heard
+        of whose tags it no longer holds. Returns the entries to adopt, with their tags, and whether a
+        copy here took a tag (the catalog then records it)."""
         if whole:
-            kept = {name: dead & entries.get(name, frozenset()) for name, dead in self._tombstones.items()}
-            self._tombstones = {name: dead for name, dead in kept.items() if dead}
+            for name, (dead, version) in list(self._tombstones.items()):
+                if version <= applied:
+                    left = dead & entries.get(name, frozenset())
+                    if left:
+                        self._tombstones[name] = (left, version)
+                    else:
+                        del self._tombstones[name]
         adopt: dict[Name, frozenset[str]] = {}
         merged = False
         for name, tags in entries.items():
-            live = tags - self._tombstones.get(name, frozenset())
+            live = tags - self._dead(name)
             mine = self._held.get(name)
             if mine is not None:
                 merged = merged or not live <= mine
@@ -121,20 +157,38 @@ class SubscriptionLists:
                 adopt[name] = frozenset(live)
         return adopt, merged
 
-    def peer_expired(self, name: Name, creations: Sequence[str]) -> str:
-        """The peer expired its copy, carrying ``creations`` (its tags and those it deleted before).
-        Returns :data:`DELETE` when the copy here goes too: each of its tags is among them, or none is
-        given (a peer from before the tags: the old rule, by name). Otherwise the copy here stays:
-        :data:`TRIMMED` when it loses tags the peer expired, :data:`KEPT` when nothing changed."""
+    def peer_removed(self, name: Name, creations: Sequence[str], *, attached: bool, version: int) -> str:
+        """The peer deleted or expired its copy, naming ``creations`` (its tags and those it deleted
+        before). Returns :data:`DELETE` when the copy here goes too: each of its tags is among them, or
+        none is named (a peer or a copy from before the tags: by name); not one ``attached`` here, which
+        is :data:`RENEWED` (it stays under a new tag, which the peer adopts) or, by name, :data:`KEPT`.
+        Otherwise the copy stays: :data:`TRIMMED` when it loses tags the peer removed, :data:`KEPT` when
+        nothing changes (a deletion or expiry heard before). ``version``: this broker's list version
+        that first carries the change."""
         mine = self._held.get(name)
         if mine is None:
             return KEPT
         tags = frozenset(creations)
-        if not tags or mine <= tags:
-            return DELETE
+        if not tags:
+            return KEPT if attached else DELETE
         if not mine & tags:
             return KEPT
-        mine -= tags
         # A stale list of the peer's that still names them does not bring them back (peer_list).
-        self._tombstones[name] = self._tombstones.get(name, frozenset()) | tags
+        self._bury(name, tags, version)
+        if mine <= tags:
+            if not attached:
+                return DELETE
+            self._held[name] = {new_tag()}
+            return RENEWED
+        mine -= tags
         return TRIMMED
+
+    def takes_holdings(self, name: Name, creations: Sequence[str]) -> bool:
+        """Whether the peer's holdings for ``name``, of its copy tagged ``creations``, apply to the copy
+        here or to one made here later (invariant 4). Not when every tag is of a copy deleted here: the
+        peer's copy is an older subscription, whose numbers a subscriber of the one made here since never
+        acknowledges. In doubt they apply: without them a copy here could claim messages it lacks."""
+        tags = frozenset(creations)
+        if not tags:  # a peer or a copy from before the tags: by name
+            return name in self._held or name not in self._tombstones
+        return not tags <= self._dead(name)

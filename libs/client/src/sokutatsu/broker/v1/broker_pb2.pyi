@@ -2095,6 +2095,10 @@ class DeliveredWatermarks(_message.Message):
     SUBSCRIPTIONS_INCLUDED_FIELD_NUMBER: _builtins.int
     NOT_HEARING_YOU_FIELD_NUMBER: _builtins.int
     FILLS_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    CREATION_TAGS_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_VERSION_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_APPLIED_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -2133,6 +2137,23 @@ class DeliveredWatermarks(_message.Message):
     lease lapsed steps down on it as when it does not hear its peer, since
     the monitor may promote the sender (pair_state.py, invariant 6).
     """
+    creation_tags: _builtins.bool
+    """Set by a broker that tags creations (Subscription.creations): it
+    understands tagged lists, expiries and deletions. A broker from before
+    them leaves it unset, and is sent no expiry of a subscription created
+    again since (it would delete the new one by name).
+    """
+    subscriptions_version: _builtins.int
+    """With `subscriptions`: the sender's list version (it grows across the
+    sender's restarts). And on every frame: the highest list version of the
+    receiver's that the sender applied before building this frame. A broker
+    forgets a tombstone (and the deletion or expiry it sends for it) only on
+    a whole list of the peer's that holds none of its tags and was built
+    after the peer applied the frame that first carried it: a list built
+    earlier may be followed by the peer taking the creation back from an
+    older frame of the receiver's still on its way (invariant 8).
+    """
+    subscriptions_applied: _builtins.int
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
     @_builtins.property
@@ -2151,7 +2172,8 @@ class DeliveredWatermarks(_message.Message):
         """Durable subscriptions the sender deleted because nobody attached to them
         for SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY_S; sent with `subscriptions`.
         The receiver deletes its copy too, unless its copy holds a creation the
-        sender did not expire (SubscriptionName.creations).
+        sender did not expire, or a subscriber is attached to it there
+        (SubscriptionName.creations; subscription_lists.py, invariant 8).
         """
 
     @_builtins.property
@@ -2161,6 +2183,14 @@ class DeliveredWatermarks(_message.Message):
         numbers the receiver's holdings gave, in the sender's order, in chunks.
         The receiver puts them before anything that arrived since it restarted
         and serves the subscriber again (pair_state.py, invariant 7).
+        """
+
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionName]:
+        """Durable subscriptions a client deleted on the sender (DeleteSubscription),
+        sent with `subscriptions` as `expired` is, and applied as it is: the
+        receiver deletes its copy, unless its copy holds a creation the sender
+        did not delete, or a subscriber is attached to it there.
         """
 
     def __init__(
@@ -2179,10 +2209,14 @@ class DeliveredWatermarks(_message.Message):
         subscriptions_included: _builtins.bool = ...,
         not_hearing_you: _builtins.bool = ...,
         fills: _abc.Iterable[Global___QueueFill] | None = ...,
+        deleted: _abc.Iterable[Global___SubscriptionName] | None = ...,
+        creation_tags: _builtins.bool = ...,
+        subscriptions_version: _builtins.int = ...,
+        subscriptions_applied: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "epoch", b"epoch", "expired", b"expired", "fills", b"fills", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_included", b"subscriptions_included"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "creation_tags", b"creation_tags", "deleted", b"deleted", "epoch", b"epoch", "expired", b"expired", "fills", b"fills", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_applied", b"subscriptions_applied", "subscriptions_included", b"subscriptions_included", "subscriptions_version", b"subscriptions_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2255,6 +2289,7 @@ class SubscriberHoldings(_message.Message):
     SERVES_FIELD_NUMBER: _builtins.int
     RECLAIMS_FIELD_NUMBER: _builtins.int
     AWAY_FIELD_NUMBER: _builtins.int
+    CREATIONS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
     serves: _builtins.bool
@@ -2278,6 +2313,13 @@ class SubscriberHoldings(_message.Message):
     def last_enqueued(self) -> Global___Position:
         """For each publisher, the last number put in the sender's queue."""
 
+    @_builtins.property
+    def creations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tags of the sender's copy (Subscription.creations). The receiver
+        leaves out holdings whose tags are all of copies it deleted: the
+        sender's copy is an older subscription than one made here since.
+        """
+
     def __init__(
         self,
         *,
@@ -2287,10 +2329,11 @@ class SubscriberHoldings(_message.Message):
         serves: _builtins.bool = ...,
         reclaims: _builtins.bool = ...,
         away: _builtins.bool = ...,
+        creations: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_enqueued", b"last_enqueued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["away", b"away", "last_enqueued", b"last_enqueued", "reclaims", b"reclaims", "serves", b"serves", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["away", b"away", "creations", b"creations", "last_enqueued", b"last_enqueued", "reclaims", b"reclaims", "serves", b"serves", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2369,9 +2412,10 @@ class SubscriptionName(_message.Message):
     subscriber_id: _builtins.str
     @_builtins.property
     def creations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """In DeliveredWatermarks.expired: the tags of the creations the sender
-        expired. The receiver deletes its copy only when each of its tags is
-        among them (subscription_lists.py, invariant 8). None: before tags.
+        """In `expired` and `deleted`: the tags of the sender's copy, with those it
+        tombstoned for the name before. The receiver deletes its copy only when
+        each of its tags is among them (subscription_lists.py, invariant 8).
+        None: a sender before tags, or a copy from before them: by name.
         """
 
     def __init__(
