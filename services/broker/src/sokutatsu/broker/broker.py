@@ -21,7 +21,15 @@ from sokutatsu.broker.messages import StoredMessage, Usage, check_key, check_nam
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState, Role
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import Retention, SubscriptionSpec
-from sokutatsu.broker.subscription_lists import DELETE, KEPT, Name, SubscriptionLists, encoded, tags_of
+from sokutatsu.broker.subscription_lists import (
+    DELETE,
+    KEPT,
+    TOMBSTONES_KEPT,
+    Name,
+    SubscriptionLists,
+    encoded,
+    tags_of,
+)
 from sokutatsu.broker.subscription_queue import AWAY, LEAVING, SERVING, SHADOW, SubscriptionQueue
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable, echo
@@ -487,7 +495,7 @@ class Broker:
             self.deleted_names = [
                 *(n for n in self.deleted_names if n[0] != (topic_name, subscriber_id)),
                 ((topic_name, subscriber_id), tags),
-            ][-1000:]
+            ][-TOMBSTONES_KEPT:]
             self.subscriptions_version += 1
             await self._save_catalog()
 
@@ -1301,7 +1309,7 @@ class Broker:
         why = f"nobody attached to it for {expiry:g} s (SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY)"
         names = [((q.spec.topic, q.spec.subscriber_id), self._expire(q, why)) for q in expired]
         if expired:
-            self.expired_names = (self.expired_names + names)[-1000:]
+            self.expired_names = (self.expired_names + names)[-TOMBSTONES_KEPT:]
             # The next watermark frame carries the subscription list, and with it the expired names.
             self.subscriptions_version += 1
             await self._save_catalog()

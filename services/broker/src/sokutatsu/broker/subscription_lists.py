@@ -58,7 +58,7 @@ Name = tuple[str, str]  # (topic, subscriber id)
 LEGACY = ""
 # What a deletion or expiry of the peer's does to the copy here (SubscriptionLists.peer_removed).
 DELETE, TRIMMED, RENEWED, KEPT = "delete", "trimmed", "renewed", "kept"
-# The most names that keep a tombstone.
+# The most names that keep a tombstone, and the most deletions and expiries of each kind waiting to be sent.
 TOMBSTONES_KEPT = 10_000
 
 
