@@ -4,6 +4,7 @@ process: each frame's list part (``DeliveredWatermarks.subscriptions``, ``expire
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,11 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from sokutatsu.broker import pair
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.settings import BrokerSettings
 from sokutatsu.broker.subscription import SubscriptionSpec
 from sokutatsu.broker.subscription_lists import DELETE, KEPT, RENEWED, TRIMMED, SubscriptionLists
 from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.core.errors import FailedPrecondition
 from sokutatsu.core.settings import load
 from tests.broker.test_restart_claim import _running_disk
 
@@ -29,49 +32,71 @@ def _held(broker: Broker) -> bool:
     return topic is not None and "idle" in topic.queues
 
 
+ADDRESSES = {"a": "127.0.0.1:7101", "b": "127.0.0.1:7102"}
+
+
+def _settings(tmp_path: Path, me: str, role: str) -> BrokerSettings:
+    """broker ``me`` ("a" or "b") with its state under ``tmp_path/me``, its peer the other."""
+    other = "b" if me == "a" else "a"
+    return load(
+        BrokerSettings,
+        {
+            "SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / me),
+            "SOKUTATSU_BROKER_INSTANCE": f"broker-{me}",
+            "SOKUTATSU_BROKER_ROLE": role,
+            "SOKUTATSU_BROKER_PEER": ADDRESSES[other],
+        },
+    )
+
+
+@pytest.fixture(autouse=True)
+def _a_frame_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pair._frames yields a keep-alive whenever nothing else is due: with no keep-alive interval each
+    call gives a frame (the frames' contents are the real ones; only when they go is the test's)."""
+    monkeypatch.setattr(pair, "KEEPALIVE_SECONDS", 0.0)
+
+
 class _Link:
-    """One stream from sender to receiver, its list part as ``pair._frames`` sends it: only when the
-    sender's ``subscriptions_version`` changed (a new stream's first frame: always), applied as
-    ``pair.receive_watermarks`` applies it (expired, then the whole list). ``old`` strips the tags, as a
-    broker from before them sends its lists."""
+    """One stream from sender to receiver: frames built by the real ``pair._frames``, each applied by the
+    real ``pair.apply_frame`` when delivered, in order. ``build`` gives the frame's delivery, to run later
+    (a frame in flight); ``step`` builds and delivers at once. ``old`` makes the sender a broker from
+    before the creation tags: its frames lose what such a broker does not send."""
 
     def __init__(self, sender: Broker, receiver: Broker, *, old: bool = False) -> None:
-        self.sender, self.receiver, self.old, self.sent, self.frames = sender, receiver, old, -1, 0
+        self.sender, self.receiver, self.old, self.frames = sender, receiver, old, 0
+        self._stream = pair._frames(sender, ADDRESSES[sender.settings.instance[-1]], 0.0, sender.pair.link_address)
+        receiver.peer_version_applied = 0  # a new stream (pair.receive_watermarks)
 
-    def build(self) -> Callable[[], Awaitable[None]] | None:
-        """The sender's next frame's list part as built now (None: nothing new), to apply later."""
-        version = self.sender.subscriptions_version
-        if version == self.sent:
-            return None
-        expired, deleted = self.sender.expired_subscriptions(), self.sender.deleted_subscriptions()
-        subscriptions = self.sender.durable_subscriptions()
-        applied = self.sender.peer_version_applied
+    async def build(self) -> tuple[bool, Callable[[], Awaitable[None]]]:
+        """The sender's next frame (whether it carries a list, and its delivery)."""
+        built = await anext(self._stream)
+        frame = broker_pb2.DeliveredWatermarks.FromString(built.SerializeToString())  # as the wire gives it
         if self.old:
-            for name in expired:
+            frame.creation_tags = False
+            frame.subscriptions_applied = frame.subscriptions_version = 0
+            del frame.deleted[:]
+            for entry in [*frame.subscriptions]:
+                del entry.creations[:]
+            for name in frame.expired:
                 del name.creations[:]
-            for subscription in subscriptions:
-                del subscription.creations[:]
-            deleted = []  # a broker before the tags never sends its deletions
-        self.sent = version
-        self.frames += 1
+            for held in frame.holdings:
+                del held.creations[:]
+        listed = frame.subscriptions_included
+        self.frames += listed
 
-        async def apply() -> None:
-            self.receiver.note_peer_tags(not self.old)
-            if expired:
-                await self.receiver.apply_removed(expired, expired=True)
-            if deleted:
-                await self.receiver.apply_removed(deleted, expired=False)
-            await self.receiver.adopt_subscriptions(subscriptions, whole=True, applied=0 if self.old else applied)
-            self.receiver.peer_version_applied = version
+        async def deliver() -> None:
+            await pair.apply_frame(self.receiver, frame)
 
-        return apply
+        return listed, deliver
 
     async def step(self) -> bool:
-        frame = self.build()
-        if frame is None:
-            return False
-        await frame()
-        return True
+        """Build and deliver a frame: whether it carried a list."""
+        listed, deliver = await self.build()
+        await deliver()
+        return listed
+
+    async def close(self) -> None:
+        await self._stream.aclose()
 
 
 async def _settle(*links: _Link) -> int:
@@ -81,11 +106,6 @@ async def _settle(*links: _Link) -> int:
         if not any([await link.step() for link in links]):
             return rounds
     raise AssertionError("the brokers' lists went back and forth without end")
-
-
-async def _frame(sender: Broker, receiver: Broker) -> None:
-    """The list part of the sender's next frame, applied by the receiver, whatever its version."""
-    await _Link(sender, receiver).step()
 
 
 async def _create(*brokers: Broker) -> None:
@@ -103,15 +123,11 @@ async def _expire_on(broker: Broker) -> None:
 @asynccontextmanager
 async def _pair(tmp_path: Path, *, old_active: bool = False) -> AsyncIterator[tuple[Broker, Broker, _Link, _Link]]:
     """An active and a standby that both hold "idle", created by a client on each (as the SDK does), their
-    lists exchanged; and the two links. ``old_active``: the active's lists carry no tags."""
+    lists exchanged; and the two links. ``old_active``: the active is a broker from before the tags."""
     async with _running_disk() as disk:
-        active = Broker(load(BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "a")}), disk)
-        standby = Broker(
-            load(
-                BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "b"), "SOKUTATSU_BROKER_ROLE": "standby"}
-            ),
-            disk,
-        )
+        active = Broker(_settings(tmp_path, "a", "active"), disk)
+        standby = Broker(_settings(tmp_path, "b", "standby"), disk)
+        links: tuple[_Link, ...] = ()
         try:
             for broker in (active, standby):
                 await broker.open()
@@ -120,6 +136,8 @@ async def _pair(tmp_path: Path, *, old_active: bool = False) -> AsyncIterator[tu
             await _settle(*links)
             yield active, standby, *links
         finally:
+            for link in links:
+                await link.close()
             for broker in (active, standby):
                 await broker.close()
 
@@ -206,9 +224,7 @@ async def test_a_subscription_created_and_deleted_on_both_while_lists_are_in_fli
     async with _pair(tmp_path) as (active, standby, to_standby, to_active):
         for broker in (active, standby):
             await broker.create_subscription(broker.subscription_spec(fresh))
-        to_b, to_a = to_standby.build(), to_active.build()
-        assert to_b is not None
-        assert to_a is not None
+        (_, to_b), (_, to_a) = await to_standby.build(), await to_active.build()
         for broker in (active, standby):
             await broker.delete_subscription("prices", "fresh")
         await to_b()
@@ -243,7 +259,8 @@ async def test_an_expiry_that_finds_a_subscriber_attached_on_the_peer_leaves_bot
     subscriber disconnected the standby deleted the subscription in use."""
     async with _pair(tmp_path) as (active, standby, _to_standby, _to_active):
         await _expire_on(active)
-        again = await _restarted(active, tmp_path / "a")
+        again = await _restarted(active, tmp_path)
+        links: tuple[_Link, ...] = ()
         try:
             standby.take_over(standby.queue("prices", "idle"), "failover")
             queue, _ = await standby.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=10))
@@ -253,11 +270,13 @@ async def test_an_expiry_that_finds_a_subscriber_attached_on_the_peer_leaves_bot
             assert _held(standby), "the standby deleted the subscription its subscriber is attached to"
             assert _held(again), "the restarted broker did not take back the copy in use on its peer"
             standby.detach(queue)
-            again.subscriptions_version += 1  # any later change of the restarted broker's list
+            again.lists_resend += 1  # its list again, with the old expiry
             await _settle(*links)
             assert _held(standby)
             assert _held(again)
         finally:
+            for link in links:
+                await link.close()
             await again.close()
 
 
@@ -273,9 +292,9 @@ async def test_a_peer_before_the_tags_is_sent_no_expiry_of_a_subscription_create
         await _create(active)
         active.note_peer_tags(False)
         assert active.expired_subscriptions() == []
-        version = active.subscriptions_version
+        resend = active.lists_resend
         active.note_peer_tags(True)
-        assert active.subscriptions_version != version
+        assert active.lists_resend != resend
         assert [n.subscriber_id for n in active.expired_subscriptions()] == ["idle"]
 
 
@@ -390,7 +409,10 @@ def test_legacy_copies_keep_the_old_rule_and_mixed_tags_go_out_whole() -> None:
     name = ("prices", "idle")
     lists = SubscriptionLists()
     lists.hold(name, [""])
-    lists.remove(name, version=7)
+    lists.remove(name)
+    assert lists.peer_list({}, whole=True, applied=2**62) == ({}, False)
+    assert lists.tombstoned(name), "a tombstone no catalog write carried yet was forgotten"
+    lists.stamp(7)
     assert lists.peer_list({name: frozenset({""})}, whole=True, applied=7) == ({}, False)
     assert lists.tombstoned(name)
     assert lists.peer_list({}, whole=True, applied=6) == ({}, False)
@@ -403,23 +425,21 @@ def test_legacy_copies_keep_the_old_rule_and_mixed_tags_go_out_whole() -> None:
     assert mixed.peer_list({name: frozenset({"abc"})}, whole=True, applied=0) == ({}, True)
     assert mixed.tags(name) == ["", "abc"]
     # The peer expired only the tagged creation: the legacy one stays here.
-    assert mixed.peer_removed(name, ["abc"], attached=False, version=1) == TRIMMED
+    assert mixed.peer_removed(name, ["abc"], in_use=False) == TRIMMED
     assert mixed.tags(name) == []
-    assert mixed.peer_removed(name, ["abc"], attached=False, version=2) == KEPT  # heard before: nothing changes
-    assert mixed.peer_removed(name, [], attached=True, version=2) == KEPT  # by name: not a copy in use
-    assert mixed.peer_removed(name, [], attached=False, version=2) == DELETE  # a broker before the tags: by name
+    assert mixed.peer_removed(name, ["abc"], in_use=False) == KEPT  # heard before: nothing changes
+    assert mixed.peer_removed(name, [], in_use=True) == KEPT  # by name: not a copy in use
+    assert mixed.peer_removed(name, [], in_use=False) == DELETE  # a broker before the tags: by name
     used = SubscriptionLists()
     used.hold(name, ["abc"])
-    assert used.peer_removed(name, ["abc"], attached=True, version=1) == RENEWED
+    assert used.peer_removed(name, ["abc"], in_use=True) == RENEWED
     assert used.tags(name) not in ([], ["abc"])
 
 
-async def _restarted(broker: Broker, state: Path) -> Broker:
-    """The same broker's state folder opened again (a restart after a crash: nothing closed)."""
-    again = Broker(
-        load(BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(state), "SOKUTATSU_BROKER_ROLE": "standby"}),
-        broker.disk,
-    )
+async def _restarted(broker: Broker, tmp_path: Path) -> Broker:
+    """The same broker's state folder opened again (a restart after a crash: nothing closed); a restarted
+    broker comes back as standby (pair_state.py, invariant 2)."""
+    again = Broker(_settings(tmp_path, broker.settings.instance[-1], "standby"), broker.disk)
     await again.open()
     return again
 
@@ -432,16 +452,19 @@ async def test_a_broker_restarted_before_its_peer_heard_of_an_expiry_still_sends
     subscription in place: the catalog records the tombstone and the expiry to send."""
     async with _pair(tmp_path) as (active, standby, *_):
         await _expire_on(active)
-        again = await _restarted(active, tmp_path / "a")
+        again = await _restarted(active, tmp_path)
+        to_again, from_again = _Link(standby, again), _Link(again, standby)
         try:
-            await _frame(standby, again)
+            await to_again.step()
             assert not _held(again), "the restarted broker took back the copy it had expired"
-            await _frame(again, standby)
+            await from_again.step()
             assert not _held(standby), "the standby kept the copy its peer had expired before restarting"
-            await _frame(standby, again)
+            await _settle(to_again, from_again)
             assert not again.lists.tombstoned(("prices", "idle"))
             assert again.expired_subscriptions() == []
         finally:
+            for link in (to_again, from_again):
+                await link.close()
             await again.close()
 
 
@@ -459,6 +482,7 @@ class _Schedule:
         self.tmp_path = tmp_path
         self.crashed: list[Broker] = []
         self.links = [_Link(brokers[0], brokers[1]), _Link(brokers[1], brokers[0])]
+        self.closed: list[_Link] = []
         self.flight: list[list[Callable[[], Awaitable[None]]]] = [[], []]
         # The last operation on each name made on both brokers, while no one-sided one came after it.
         self.last_on_both: dict[str, str] = {}
@@ -489,9 +513,8 @@ class _Schedule:
                 self._note(name, "one", "expire")  # a creation the expiring copy never saw stays (add wins)
         elif roll < 0.7:
             direction = self.random.randrange(2)
-            frame = self.links[direction].build()
-            if frame is not None:
-                self.flight[direction].append(frame)
+            _, deliver = await self.links[direction].build()
+            self.flight[direction].append(deliver)
         elif roll < 0.97:
             direction = self.random.randrange(2)
             if self.flight[direction]:
@@ -509,7 +532,8 @@ class _Schedule:
         """kill -9 and start again: its streams' frames are lost, both streams begin with whole lists."""
         old = self.brokers[index]
         self.crashed.append(old)
-        self.brokers[index] = await _restarted(old, self.tmp_path / "ab"[index])
+        self.brokers[index] = await _restarted(old, self.tmp_path)
+        self.closed.extend(self.links)
         self.links = [_Link(self.brokers[0], self.brokers[1]), _Link(self.brokers[1], self.brokers[0])]
         self.flight = [[], []]
 
@@ -530,16 +554,7 @@ async def test_random_schedules_leave_both_brokers_holding_the_same_subscription
     the lists go quiet, each subscription is held by both brokers or by neither, a subscription last
     created on both is held, and one last deleted on both is not."""
     async with _running_disk() as disk:
-        brokers = [
-            Broker(load(BrokerSettings, {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "a")}), disk),
-            Broker(
-                load(
-                    BrokerSettings,
-                    {"SOKUTATSU_BROKER_STATE_DIR": str(tmp_path / "b"), "SOKUTATSU_BROKER_ROLE": "standby"},
-                ),
-                disk,
-            ),
-        ]
+        brokers = [Broker(_settings(tmp_path, "a", "active"), disk), Broker(_settings(tmp_path, "b", "standby"), disk)]
         for broker in brokers:
             await broker.open()
         schedule = _Schedule(brokers, seed, tmp_path)
@@ -552,5 +567,108 @@ async def test_random_schedules_leave_both_brokers_holding_the_same_subscription
             for name, operation in schedule.last_on_both.items():
                 assert (name in held[0]) == (operation == "create"), f"seed {seed}: {name} last {operation}d"
         finally:
+            for link in [*schedule.links, *schedule.closed]:
+                await link.close()
             for broker in [*schedule.brokers, *schedule.crashed]:
                 await broker.close()
+
+
+async def _publish(broker: Broker, first: int, count: int) -> None:
+    """Messages ``first``.. of publisher "p" on "prices" (the SDK sends each to both brokers)."""
+    messages = [
+        broker_pb2.Message(publisher_id="p", publisher_seq=seq, key="K", body=b"x", persistent=True)
+        for seq in range(first, first + count)
+    ]
+    await broker.publish("p", broker.publisher("p"), broker_pb2.PublishBatch(topic="prices", messages=messages))
+
+
+async def test_a_copy_taken_back_after_a_deletion_knows_what_it_lacks(tmp_path: Path) -> None:
+    """The third review's first schedule: the subscriber is attached on the active, which holds messages
+    1-3 for it; a client's DeleteSubscription reaches the standby. The active keeps its copy under a new
+    tag, and the standby takes it back: with the active's holdings, so that its new copy says it lacks
+    1-3. Before, it took it back empty, counted itself caught up, and a failover then lost 1-3 without a
+    gap."""
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        attached, _ = await active.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=1))
+        try:
+            for broker in (active, standby):
+                await _publish(broker, 1, 3)
+            await _settle(to_standby, to_active)
+            await standby.delete_subscription("prices", "idle")
+            await _settle(to_standby, to_active)
+            for _ in range(2):  # the holdings go with a frame of their own when nothing else changes
+                await to_standby.step()
+            assert _held(standby), "the standby did not take back the copy in use on its peer"
+            copy = standby.queue("prices", "idle")
+            assert copy.lacks.get("p", 0) >= 3 or copy.behind, f"lacks {copy.lacks}: it claims 1-3"
+        finally:
+            active.detach(attached)
+
+
+async def test_a_copy_the_peer_serves_the_subscriber_from_is_not_deleted_here(tmp_path: Path) -> None:
+    """The third review's second schedule: after a switchover the standby serves the subscriber and the
+    active's copy is away. A DeleteSubscription there would leave the peer's copy (in use) and the active
+    would take it back as a copy of its own, serving beside the peer: it is refused, and says where to
+    delete it."""
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        await standby.accept(IDLE, {})
+        await active.release("prices", "idle")
+        assert active.queue("prices", "idle").state == broker_pb2.QUEUE_STATE_AWAY
+        with pytest.raises(FailedPrecondition, match="served by the peer broker"):
+            await active.delete_subscription("prices", "idle")
+        await _settle(to_standby, to_active)
+        assert _held(active)
+        assert _held(standby)
+
+
+async def test_the_peer_hears_a_deletion_only_once_it_is_on_disk(tmp_path: Path) -> None:
+    """The third review's third schedule: a deletion sent before its catalog write ended, applied and
+    acknowledged by the peer, was undone by a crash here before the write ended: the subscription came
+    back from the old catalog, and the peer, tombstoned, never took it again (one copy). The disk is held
+    here while the deletion's write waits: the frames built meanwhile still list the subscription."""
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        hold = asyncio.Event()
+
+        async def held_disk() -> None:
+            await hold.wait()
+
+        active.disk.submit(held_disk)
+        deleting = asyncio.create_task(active.delete_subscription("prices", "idle"))
+        try:
+            await asyncio.sleep(0)
+            assert not _held(active)
+            _, deliver = await to_standby.build()
+            await deliver()
+            assert _held(standby), "the standby heard of a deletion not yet on disk"
+        finally:
+            hold.set()
+            await deleting
+        await _settle(to_standby, to_active)
+        assert not _held(standby)
+
+
+async def test_a_peer_before_the_tags_can_create_again_what_both_deleted(tmp_path: Path) -> None:
+    """The third review's fourth schedule (first part): with a peer from before the tags, which
+    acknowledges nothing, a tombstone here went only on an acknowledgement, so never: deleted on both,
+    then created again on that peer, the subscription stayed there alone. Its whole lists now count as
+    acknowledging everything (the old rule)."""
+    async with _pair(tmp_path, old_active=True) as (active, standby, to_standby, to_active):
+        for broker in (active, standby):
+            await broker.delete_subscription("prices", "idle")
+        await _settle(to_standby, to_active)
+        await _create(active)
+        await _settle(to_standby, to_active)
+        assert _held(standby), "the standby never took the subscription its old peer created again"
+
+
+async def test_a_frame_without_a_list_does_not_say_what_the_peer_understands(tmp_path: Path) -> None:
+    """The third review's fifth finding: fill frames did not set creation_tags, so each one made the
+    broker take its peer for one from before the tags (expiries held back, the list sent again)."""
+    async with _pair(tmp_path) as (active, _standby, *_):
+        assert active.peer_creation_tags
+        resend = active.lists_resend
+        await pair.apply_frame(
+            active, broker_pb2.DeliveredWatermarks(broker_id="broker-b", role=broker_pb2.BROKER_ROLE_STANDBY)
+        )
+        assert active.peer_creation_tags
+        assert active.lists_resend == resend

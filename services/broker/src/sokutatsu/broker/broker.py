@@ -24,6 +24,7 @@ from sokutatsu.broker.subscription import Retention, SubscriptionSpec
 from sokutatsu.broker.subscription_lists import (
     DELETE,
     KEPT,
+    RENEWED,
     TOMBSTONES_KEPT,
     Name,
     SubscriptionLists,
@@ -102,6 +103,16 @@ class PublisherState:
 
 
 @dataclass
+class _Lists:
+    """The subscription lists a catalog write held, for the peer (invariant 8): each durable
+    subscription with its creation tags, and the expiries and deletions not yet applied there."""
+
+    held: list[tuple[SubscriptionSpec, list[str]]]
+    expired: list[tuple[Name, frozenset[str]]]
+    deleted: list[tuple[Name, frozenset[str]]]
+
+
+@dataclass
 class Rates:
     at: float = 0.0
     enqueued: int = 0
@@ -145,10 +156,15 @@ class Broker:
         # The peer's answer to GetRole at its client address, or None (pair.py sets it).
         self.peer_role: Callable[[], Awaitable[broker_pb2.RoleInfo | None]] = _no_answer
         self._doubt: asyncio.Future[None] | None = None
-        # Bumped when the durable subscriptions here change: the watermark stream then sends the peer
-        # the whole list (pair.py), so the pair holds each one on both. It starts from the wall clock
-        # in ns, so it grows across restarts (the peer acknowledges versions: invariant 8).
+        # The list version of the last catalog write that completed: the watermark stream sends the
+        # peer that write's lists (``_published``) whenever it changes (pair.py), so the pair holds
+        # each durable subscription on both, and hears only what is on disk here. Versions start from
+        # the wall clock in ns, so they grow across restarts (the peer acknowledges them: invariant 8).
         self.subscriptions_version = time.time_ns()
+        self._next_version = self.subscriptions_version + 1
+        self._published: _Lists = _Lists([], [], [])
+        # Bumped to send the published lists again (the peer now understands creation tags).
+        self.lists_resend = 0
         # The peer's list version last applied here, acknowledged in every frame (invariant 8).
         self.peer_version_applied = 0
         # The creation tags of the durable subscriptions held here, and of those deleted or expired
@@ -215,6 +231,7 @@ class Broker:
                 # away (only a tail), so it settles with the peer before anyone serves it.
                 queue.hold_back()
                 self._reclaiming[name] = queue
+        self._published = self._lists()  # what the catalog holds
         await self.disk.call(self._remove_stray_folders, set(self._all_queue_folders()))
         # The claims' limits count from here: the peer can reach this broker only once it serves,
         # which is after the recovery above (its length grows with what is on disk).
@@ -237,7 +254,29 @@ class Broker:
                     shutil.rmtree(folder, ignore_errors=True)
 
     async def _save_catalog(self) -> None:
-        await self.disk.call(save_catalog, self._catalog_path, self._catalog().to_json())
+        """Write the catalog; once it is on disk, the peer may hear the subscription lists it holds,
+        under the write's list version, which also stamps the tombstones it carries (invariant 8)."""
+        version = self._next_version
+        self._next_version += 1
+        self.lists.stamp(version)
+        data = self._catalog().to_json()
+        lists = self._lists()
+        await self.disk.call(save_catalog, self._catalog_path, data)
+        if version > self.subscriptions_version:  # the disk thread runs the writes in order
+            self._published = lists
+            self.subscriptions_version = version
+
+    def _lists(self) -> _Lists:
+        return _Lists(
+            [
+                (q.spec, self.lists.tags((q.spec.topic, q.spec.subscriber_id)))
+                for t in self.topics.values()
+                for q in t.queue_list
+                if q.spec.durable
+            ],
+            list(self.expired_names),
+            list(self.deleted_names),
+        )
 
     def _catalog(self) -> Catalog:
         """What the catalog file holds (built on the event loop; written by the disk thread)."""
@@ -390,23 +429,22 @@ class Broker:
         if spec.durable:
             # A new creation's tag: the peer adopts it from the next list, whatever it deleted before
             # (an expiry of the old copy still sent to the peer names only the old tags).
-            self.subscriptions_version += 1
             await self._save_catalog()
         return spec
 
     def expired_subscriptions(self) -> list[broker_pb2.SubscriptionName]:
         """The names this broker expired, with their creation tags, for the peer (sent with the list)."""
-        return self._removals(self.expired_names)
+        return self._removals(self._published.expired)
 
     def deleted_subscriptions(self) -> list[broker_pb2.SubscriptionName]:
         """The names a client deleted here, with their creation tags, for the peer (sent with the list)."""
-        return self._removals(self.deleted_names)
+        return self._removals(self._published.deleted)
 
     def note_peer_tags(self, understood: bool) -> None:
-        """The peer's frame says whether it understands creation tags. Once it does, the list goes out
+        """The peer's list says whether it understands creation tags. Once it does, the list goes out
         again with every expiry: those of subscriptions created again here were held back (invariant 8)."""
         if understood and not self.peer_creation_tags:
-            self.subscriptions_version += 1
+            self.lists_resend += 1
         self.peer_creation_tags = understood
 
     def _removals(self, names: list[tuple[Name, frozenset[str]]]) -> list[broker_pb2.SubscriptionName]:
@@ -418,14 +456,13 @@ class Broker:
         ]
 
     def durable_subscriptions(self) -> list[broker_pb2.Subscription]:
-        """The list for the peer: each durable subscription with its creation tags (invariant 8)."""
+        """The list for the peer, as the last catalog write holds it: each durable subscription with
+        its creation tags (invariant 8)."""
         subs = []
-        for topic in self.topics.values():
-            for queue in topic.queue_list:
-                if queue.spec.durable:
-                    sub = queue.spec.to_proto()
-                    sub.creations.extend(self.lists.tags((queue.spec.topic, queue.spec.subscriber_id)))
-                    subs.append(sub)
+        for spec, tags in self._published.held:
+            sub = spec.to_proto()
+            sub.creations.extend(tags)
+            subs.append(sub)
         return subs
 
     async def adopt_subscriptions(
@@ -441,12 +478,14 @@ class Broker:
         the deletion did not see (subscription_lists.py, invariant 8).
         """
         by_name = {(sub.topic, sub.subscriber_id): sub for sub in subscriptions}
+        tombstones = len(self.lists.tombstones())
         adopt, merged = self.lists.peer_list(
             {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole, applied=applied
         )
         # A deletion or expiry whose tombstone went is applied on the peer (it lists none of those creations).
         self.expired_names = [(name, tags) for name, tags in self.expired_names if self.lists.tombstoned(name)]
         self.deleted_names = [(name, tags) for name, tags in self.deleted_names if self.lists.tombstoned(name)]
+        merged = merged or len(self.lists.tombstones()) != tombstones  # the catalog forgets them too
         adopted = 0
         for name, creations in adopt.items():
             sub = by_name[name]
@@ -489,14 +528,20 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
+        if queue.state in (AWAY, LEAVING):
+            # Deleted here, the peer's copy, which its subscriber is served from, would stay, and this
+            # broker would take it back as a copy of its own, serving beside the peer (third review).
+            raise FailedPrecondition(
+                f"{echo(subscriber_id)}'s subscription to {echo(topic_name)} is served by the peer broker "
+                f"(it is {_STATE_NAMES[queue.state]} here); delete it there"
+            )
         tags = self._remove_queue(queue)
         if queue.spec.durable:
-            # The peer deletes its copy too, from the next frame (invariant 8).
+            # The peer deletes its copy too, from the next frame after the catalog write (invariant 8).
             self.deleted_names = [
                 *(n for n in self.deleted_names if n[0] != (topic_name, subscriber_id)),
                 ((topic_name, subscriber_id), tags),
             ][-TOMBSTONES_KEPT:]
-            self.subscriptions_version += 1
             await self._save_catalog()
 
     def _remove_queue(self, queue: SubscriptionQueue) -> frozenset[str]:
@@ -510,7 +555,7 @@ class Broker:
             topic.reindex()
             if queue.spec.durable:  # a non-durable queue of the same id must not take the durable one's
                 name = (queue.spec.topic, queue.spec.subscriber_id)
-                tags = self.lists.remove(name, self.subscriptions_version + 1)  # its caller bumps it once
+                tags = self.lists.remove(name)
                 self._peer_holdings.pop(name, None)
                 self._end_reclaim(name, None, "its subscription is gone")
         queue.discard()
@@ -984,7 +1029,6 @@ class Broker:
         queue = topic.queues.get(spec.subscriber_id)
         if queue is None:
             queue = self._add_queue(spec, SERVING)
-            self.subscriptions_version += 1
             await self._save_catalog()
         elif queue.spec != spec:
             raise FailedPrecondition(
@@ -1310,8 +1354,7 @@ class Broker:
         names = [((q.spec.topic, q.spec.subscriber_id), self._expire(q, why)) for q in expired]
         if expired:
             self.expired_names = (self.expired_names + names)[-TOMBSTONES_KEPT:]
-            # The next watermark frame carries the subscription list, and with it the expired names.
-            self.subscriptions_version += 1
+            # The next watermark frame after the write carries the list, and with it the expired names.
             await self._save_catalog()
 
     def _expire(self, queue: SubscriptionQueue, why: str) -> frozenset[str]:
@@ -1339,15 +1382,14 @@ class Broker:
             queue = topic.queues.get(name.subscriber_id) if topic else None
             if queue is None or not queue.spec.durable:
                 continue
-            verdict = self.lists.peer_removed(
-                (name.topic, name.subscriber_id),
-                name.creations,
-                attached=queue.attached,
-                version=self.subscriptions_version + 1,  # bumped once, below
-            )
+            verdict = self.lists.peer_removed((name.topic, name.subscriber_id), name.creations, in_use=queue.attached)
             if verdict == KEPT:
                 continue  # heard before, or by name on a copy in use: nothing changes, nothing goes back
             changed += 1
+            if verdict == RENEWED:
+                # The peer takes the copy back as a new one: with this copy's holdings, so that it does
+                # not count itself as holding what it deleted (the holdings go with the next frame).
+                self.holdings_version += 1
             if verdict != DELETE:
                 log.info(
                     "kept %s's subscription to %s, which the peer %s: %s",
@@ -1367,9 +1409,8 @@ class Broker:
                 )
                 self._remove_queue(queue)
         if changed:
-            # The peer hears the whole list: without the copies deleted here, which lets it forget
-            # their tags; with those kept, under their new creation's tag, which it adopts.
-            self.subscriptions_version += 1
+            # The peer hears the whole list after the write: without the copies deleted here, which
+            # lets it forget their tags; with those kept, under their new creation's tag, which it adopts.
             await self._save_catalog()
 
     # ---------------------------------------------------------------- stats --

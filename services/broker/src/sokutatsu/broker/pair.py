@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from grpc import aio
 
@@ -35,6 +35,9 @@ from sokutatsu.core.tls import open_channel
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 0.1
+# What a peer from before creation tags is taken to have acknowledged of this broker's lists: all
+# (invariant 8, subscription_lists.py).
+ALL_ACKNOWLEDGED = 2**63
 RETRY_SECONDS = (0.05, 0.5)
 PROBE_TIMEOUT_SECONDS = 1.0
 PEER_CHECK_SECONDS = 0.05
@@ -132,12 +135,12 @@ async def stream_watermarks(broker: Broker, own_address: Callable[[], str]) -> N
 
 async def _frames(
     broker: Broker, address: str, interval: float, peer: str
-) -> AsyncIterator[broker_pb2.DeliveredWatermarks]:
+) -> AsyncGenerator[broker_pb2.DeliveredWatermarks, None]:
     loop = asyncio.get_running_loop()
     # A new stream starts with every position: the peer may have missed earlier frames.
     marks = broker.watermarks(everything=True)
     last_sent = 0.0
-    subscriptions_sent = -1
+    subscriptions_sent: tuple[int, int] = (-1, -1)
     # The session whose holdings went out on this stream (-1: none yet; a new stream sends them), and
     # the holdings' version then (they go again when it changes: a restart claim settled, invariant 7).
     holdings_sent = -1
@@ -147,7 +150,7 @@ async def _frames(
     while broker.pair.link_address == peer:
         await broker.confirm_role()
         now = loop.time()
-        version = broker.subscriptions_version
+        version = (broker.subscriptions_version, broker.lists_resend)
         session = broker.pair.session
         renewed = broker.holdings_version != holdings_version
         if (
@@ -174,7 +177,7 @@ async def _frames(
                 expired=broker.expired_subscriptions() if version != subscriptions_sent else (),
                 deleted=broker.deleted_subscriptions() if version != subscriptions_sent else (),
                 creation_tags=True,
-                subscriptions_version=version if version != subscriptions_sent else 0,
+                subscriptions_version=broker.subscriptions_version if version != subscriptions_sent else 0,
                 subscriptions_applied=broker.peer_version_applied,
                 session=session,
                 holdings_included=holdings,
@@ -193,9 +196,31 @@ async def _frames(
                     not_hearing_you=not broker.pair.peer_up,
                     session=broker.pair.session,
                     fills=[chunk],
+                    creation_tags=True,
                 )
         await asyncio.sleep(interval)
         marks = broker.watermarks()
+
+
+async def apply_frame(broker: Broker, frame: broker_pb2.DeliveredWatermarks) -> None:
+    """One frame of the peer's stream, in the stream's order."""
+    check_role(frame.role, "DeliveredWatermarks.role")
+    broker.apply_watermarks(frame)
+    if frame.subscriptions_included:
+        broker.note_peer_tags(frame.creation_tags)
+    if frame.expired:
+        await broker.apply_removed(frame.expired, expired=True)
+    if frame.deleted:
+        await broker.apply_removed(frame.deleted, expired=False)
+    if frame.subscriptions_included or frame.subscriptions:
+        # The queues this creates take the peer's holdings as they are made (Broker._add_queue).
+        # A peer from before the tags acknowledges nothing: its whole lists count as built after
+        # everything, the old rule (invariant 8).
+        applied = frame.subscriptions_applied if frame.creation_tags else ALL_ACKNOWLEDGED
+        await broker.adopt_subscriptions(frame.subscriptions, whole=frame.subscriptions_included, applied=applied)
+        # Acknowledged in this broker's next frames (invariant 8); a restarted peer's versions start
+        # above its old ones.
+        broker.peer_version_applied = frame.subscriptions_version
 
 
 async def receive_watermarks(
@@ -208,22 +233,11 @@ async def receive_watermarks(
     grace period, then log the stream's cancellation as an error."""
 
     async def apply() -> None:
+        # A new stream: what the peer's earlier streams carried acknowledges nothing of this one's
+        # (the peer may have restarted, its clock set back: invariant 8).
+        broker.peer_version_applied = 0
         async for frame in frames:
-            check_role(frame.role, "DeliveredWatermarks.role")
-            broker.apply_watermarks(frame)
-            broker.note_peer_tags(frame.creation_tags)
-            if frame.expired:
-                await broker.apply_removed(frame.expired, expired=True)
-            if frame.deleted:
-                await broker.apply_removed(frame.deleted, expired=False)
-            if frame.subscriptions_included or frame.subscriptions:
-                # The queues this creates take the peer's holdings as they are made (Broker._add_queue).
-                await broker.adopt_subscriptions(
-                    frame.subscriptions, whole=frame.subscriptions_included, applied=frame.subscriptions_applied
-                )
-                # Acknowledged in this broker's next frames (invariant 8); a restarted peer's versions
-                # start above its old ones.
-                broker.peer_version_applied = frame.subscriptions_version
+            await apply_frame(broker, frame)
 
     if stopping.is_set():
         return

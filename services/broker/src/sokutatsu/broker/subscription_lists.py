@@ -2,7 +2,8 @@
 
 **Invariant 8: both brokers hold a durable subscription, or neither does, once their frames have crossed:
 a creation on either reaches the other, and so does a deletion or an expiry, except of a copy a
-subscriber is attached to (that copy stays, and comes back on the other); a peer's stale list neither
+subscriber is attached to (that copy stays, and comes back on the other, with the peer's holdings);
+a peer's stale list neither
 brings back a deleted subscription nor keeps out one created again.**
 
 Each creation of a durable subscription on a broker (``CreateSubscription``, or ``AcceptSubscriber`` for
@@ -20,18 +21,27 @@ Lists go out when their sender's subscriptions change, and whole on every new st
 - A deletion or expiry of the peer's deletes the copy here only if each of its tags is among those the
   peer names; otherwise the copy holds a creation the peer never saw, and stays with the rest of its
   tags, which the peer then adopts from the next list. A copy a subscriber is attached to here stays
-  too, under a new tag: the peer takes it back from the next list. One without tags (a broker before
-  them, or a copy from before them) deletes by name, the old rule, not one attached here.
+  too, under a new tag: the peer takes it back from the next list, with this broker's holdings (the
+  next frame carries them), so that it does not count itself as holding what it deleted. One without
+  tags (a broker before them, or a copy from before them) deletes by name, the old rule, not one
+  attached here. A client's DeleteSubscription is refused for a copy the peer serves the subscriber
+  from (away or leaving here): delete it there.
+- The peer hears only what is on disk here: the lists, deletions and expiries a frame carries are those
+  of the last catalog write that completed, under that write's *list version* (``Broker._save_catalog``).
+  Sent before it was on disk, a deletion that the peer applied and acknowledged could be undone by a
+  crash here before the write ended, the subscription coming back from the old catalog while the peer,
+  tombstoned, never took it again (the third review).
 - A tombstone, and the deletion or expiry sent for it, are forgotten once a whole list of the peer's holds
-  none of its tags *and* was built after the peer applied the list version of this broker's that first
-  carried it (``DeliveredWatermarks.subscriptions_applied``). A list built earlier proves nothing: the
-  peer may still take the creation from an older frame of this broker's on its way (a creation and a
-  deletion on both brokers while lists cross; the second review). The catalog records both, so a broker
-  that restarts before its peer heard of a deletion or an expiry neither takes the old copy back from the
-  peer's list nor leaves the peer's copy in place. List versions start from the wall clock in
-  nanoseconds, so they grow across restarts and an acknowledgement from before a restart never covers a
-  later version. At most :data:`TOMBSTONES_KEPT` names keep a tombstone (the oldest go first): with a
-  peer from before the tags, which acknowledges nothing, they would otherwise only grow.
+  none of its tags *and* was built after the peer applied the list version that first carried it
+  (``DeliveredWatermarks.subscriptions_applied``; until a write carries it, a tombstone is *pending*
+  and stays). A list built earlier proves nothing: the peer may still take the creation from an older
+  frame of this broker's on its way (a creation and a deletion on both brokers while lists cross; the
+  second review). A peer from before the tags acknowledges nothing: its whole lists are taken as built
+  after everything, the old rule. The catalog records both, so a broker that restarts before its peer
+  heard of a deletion or an expiry neither takes the old copy back from the peer's list nor leaves the
+  peer's copy in place. List versions start from the wall clock in nanoseconds, so they grow across
+  restarts, and each new stream from the peer starts acknowledging from nothing. At most
+  :data:`TOMBSTONES_KEPT` names keep a tombstone (the oldest go first).
 - The peer's holdings (invariant 4) are left out when their tags are all tombstoned here: the peer's
   copy is a subscription older than any made here since (:meth:`SubscriptionLists.takes_holdings`).
 
@@ -58,6 +68,8 @@ Name = tuple[str, str]  # (topic, subscriber id)
 LEGACY = ""
 # What a deletion or expiry of the peer's does to the copy here (SubscriptionLists.peer_removed).
 DELETE, TRIMMED, RENEWED, KEPT = "delete", "trimmed", "renewed", "kept"
+# The list version of a tombstone no catalog write has carried yet.
+PENDING = 0
 # The most names that keep a tombstone, and the most deletions and expiries of each kind waiting to be sent.
 TOMBSTONES_KEPT = 10_000
 
@@ -85,8 +97,9 @@ class SubscriptionLists:
 
     def __init__(self) -> None:
         self._held: dict[Name, set[str]] = {}
-        # Per name: the tags, and this broker's list version when tags were last added (the peer must
-        # have applied a list at least that new before the tombstone may go). The newest last.
+        # Per name: the tags, and the list version of the first catalog write that carried them (the
+        # peer must have applied a list at least that new before the tombstone may go; PENDING until a
+        # write carries them). The newest last.
         self._tombstones: dict[Name, tuple[frozenset[str], int]] = {}
 
     def tags(self, name: Name) -> list[str]:
@@ -116,19 +129,25 @@ class SubscriptionLists:
         entry = self._tombstones.get(name)
         return entry[0] if entry is not None else frozenset()
 
-    def _bury(self, name: Name, tags: frozenset[str], version: int) -> frozenset[str]:
+    def stamp(self, version: int) -> None:
+        """A catalog write of list version ``version`` begins, carrying every pending tombstone."""
+        for name, (dead, stamped) in self._tombstones.items():
+            if stamped == PENDING:
+                self._tombstones[name] = (dead, version)
+
+    def _bury(self, name: Name, tags: frozenset[str]) -> frozenset[str]:
         dead = self._dead(name) | tags
         self._tombstones.pop(name, None)
-        self._tombstones[name] = (dead, version)
+        self._tombstones[name] = (dead, PENDING)
         while len(self._tombstones) > TOMBSTONES_KEPT:
             del self._tombstones[next(iter(self._tombstones))]
         return dead
 
-    def remove(self, name: Name, version: int) -> frozenset[str]:
-        """The copy here is deleted or expired (``version``: the list version that first carries it):
-        tombstone its tags. Returns every tag tombstoned for the name, for the deletion or expiry the
-        peer is told of: a copy there that also holds a creation deleted here earlier goes too."""
-        return self._bury(name, frozenset(self._held.pop(name, ()) or {LEGACY}), version)
+    def remove(self, name: Name) -> frozenset[str]:
+        """The copy here is deleted or expired: tombstone its tags. Returns every tag tombstoned for the
+        name, for the deletion or expiry the peer is told of: a copy there that also holds a creation
+        deleted here earlier goes too."""
+        return self._bury(name, frozenset(self._held.pop(name, ()) or {LEGACY}))
 
     def peer_list(
         self, entries: dict[Name, frozenset[str]], *, whole: bool, applied: int
@@ -139,7 +158,7 @@ class SubscriptionLists:
         copy here took a tag (the catalog then records it)."""
         if whole:
             for name, (dead, version) in list(self._tombstones.items()):
-                if version <= applied:
+                if version != PENDING and version <= applied:
                     left = dead & entries.get(name, frozenset())
                     if left:
                         self._tombstones[name] = (left, version)
@@ -157,26 +176,25 @@ class SubscriptionLists:
                 adopt[name] = frozenset(live)
         return adopt, merged
 
-    def peer_removed(self, name: Name, creations: Sequence[str], *, attached: bool, version: int) -> str:
+    def peer_removed(self, name: Name, creations: Sequence[str], *, in_use: bool) -> str:
         """The peer deleted or expired its copy, naming ``creations`` (its tags and those it deleted
         before). Returns :data:`DELETE` when the copy here goes too: each of its tags is among them, or
-        none is named (a peer or a copy from before the tags: by name); not one ``attached`` here, which
+        none is named (a peer or a copy from before the tags: by name); not one ``in_use`` here, which
         is :data:`RENEWED` (it stays under a new tag, which the peer adopts) or, by name, :data:`KEPT`.
         Otherwise the copy stays: :data:`TRIMMED` when it loses tags the peer removed, :data:`KEPT` when
-        nothing changes (a deletion or expiry heard before). ``version``: this broker's list version
-        that first carries the change."""
+        nothing changes (a deletion or expiry heard before)."""
         mine = self._held.get(name)
         if mine is None:
             return KEPT
         tags = frozenset(creations)
         if not tags:
-            return KEPT if attached else DELETE
+            return KEPT if in_use else DELETE
         if not mine & tags:
             return KEPT
         # A stale list of the peer's that still names them does not bring them back (peer_list).
-        self._bury(name, tags, version)
+        self._bury(name, tags)
         if mine <= tags:
-            if not attached:
+            if not in_use:
                 return DELETE
             self._held[name] = {new_tag()}
             return RENEWED

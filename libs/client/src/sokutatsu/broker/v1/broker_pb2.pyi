@@ -2144,9 +2144,12 @@ class DeliveredWatermarks(_message.Message):
     again since (it would delete the new one by name).
     """
     subscriptions_version: _builtins.int
-    """With `subscriptions`: the sender's list version (it grows across the
-    sender's restarts). And on every frame: the highest list version of the
-    receiver's that the sender applied before building this frame. A broker
+    """With `subscriptions`: the sender's list version, that of its last catalog
+    write that completed, whose lists, expiries and deletions the frame
+    carries (a sender tells only what is on its disk); it grows across the
+    sender's restarts. And on every frame: the list version of the
+    receiver's last list the sender applied on this stream before building
+    this frame. A broker
     forgets a tombstone (and the deletion or expiry it sends for it) only on
     a whole list of the peer's that holds none of its tags and was built
     after the peer applied the frame that first carried it: a list built
@@ -2190,7 +2193,9 @@ class DeliveredWatermarks(_message.Message):
         """Durable subscriptions a client deleted on the sender (DeleteSubscription),
         sent with `subscriptions` as `expired` is, and applied as it is: the
         receiver deletes its copy, unless its copy holds a creation the sender
-        did not delete, or a subscriber is attached to it there.
+        did not delete, or a subscriber is attached to it there (then it keeps
+        it under a new tag, and sends its holdings, for the sender to take it
+        back).
         """
 
     def __init__(
