@@ -169,6 +169,22 @@ def test_monitor_link_faults_are_added_without_changing_a_seeds_other_steps() ->
     assert kinds == {(k, t) for k in sched.MONITOR_LINK_FAULTS for t in ("active", "standby")}
 
 
+def test_the_subscription_churn_is_a_timeline_of_its_own() -> None:
+    """About one call per 3 s of length (the delays add up to about the length), the same for a seed,
+    every operation on every target across seeds, and the steps of a seed unchanged by it."""
+    seen: set[tuple[str, str]] = set()
+    for seed in range(200):
+        for seconds in (0.0, 30.0, 65.0):
+            calls = sched.churn_calls(seed, seconds)
+            assert len(calls) == int(seconds // sched.CHURN_EVERY)
+            assert calls == sched.churn_calls(seed, seconds)
+            assert all(c.kind == sched.CHURN and c.detail.split()[1] in sched.CHURN_NAMES for c in calls)
+            assert sched.CHURN not in {s.kind for s in sched.draw(seed, seconds)}
+            seen.update((c.detail.split()[0], c.target) for c in calls)
+    assert seen == {(op, t) for op in ("create", "delete") for t in ("broker-a", "broker-b", "both")}
+    assert 20.0 < sum(c.delay for c in sched.churn_calls(7, 65.0)) < 110.0
+
+
 def test_a_migration_overlaps_a_broker_fault_only_while_the_subscriber_is_away() -> None:
     moves = [
         {"t": 10.0, "subscriber": "slow", "reason": "SLOW", "error": ""},

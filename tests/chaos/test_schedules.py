@@ -2,7 +2,8 @@
 
 Seed 2630 is a schedule with only the required steps (two broker kills, a pause, a link cut,
 a migration overlapping a broker fault, a subscriber reopening with its position, a publisher
-restarting with its id); seed 1964 adds a monitor kill and a flood of 1,500 Subscribe streams.
+restarting with its id); seed 1964 adds a monitor kill, a flood of 1,500 Subscribe streams, and
+ten calls of subscription churn (durable subscriptions created and deleted on one broker or both).
 Nothing is timed here: the stalls are reported, not asserted. The wait for a caught-up pair
 before a broker fault is bounded at 20 s (60 s in ``sokutatsu chaos``) to bound the test.
 """
@@ -45,3 +46,7 @@ async def test_a_fixed_schedule_loses_nothing_doubles_nothing_and_never_has_two_
     assert result["unexpected"] == 0, told
     assert result["max_actives"] <= 1, told
     assert result["unflushed_publishers"] == [], told
+    # The subscription churn (seed 1964 draws 10 calls): both brokers hold the same durable subscriptions.
+    churn = result["drain"]["churn"]
+    assert churn["same"], json.dumps({"churn": churn, "calls": result["churn"]}, indent=1)
+    assert churn["wrong"] == [], json.dumps({"churn": churn, "calls": result["churn"]}, indent=1)

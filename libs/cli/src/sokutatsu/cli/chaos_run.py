@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 from grpc import aio
 
 from sokutatsu.broker.settings import BrokerSettings
@@ -39,6 +40,15 @@ from sokutatsu.monitor.v1 import monitor_pb2, monitor_pb2_grpc
 
 TOPIC = "chaos"
 FLOOD_TOPIC = "chaos-flood"
+# The subscription churn's topic (chaos_schedule.CHURN): durable subscriptions nobody attaches to.
+CHURN_TOPIC = "chaos-churn"
+# A churn call's deadline; one that fails otherwise than with a status the broker sent leaves its
+# outcome unknown (it may still be applied), and the name out of the last-operation check.
+CHURN_RPC_SECONDS = 2.0
+# Outcomes of a churn call known for sure: done, or refused by the broker (nothing done).
+CHURN_SURE = ("OK", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION")
+# How long, after the drain, the two brokers have to come to hold the same churn subscriptions.
+CHURN_SETTLE_SECONDS = 20.0
 ROLE_POLL_SECONDS = 0.05
 ROLE_RPC_SECONDS = 0.2
 # How long the fault meant to overlap a migration waits for the monitor to have moved the slow
@@ -227,6 +237,38 @@ class Cluster:
             await asyncio.sleep(0.1)
         return time.monotonic() - started, True, said
 
+    async def churn_call(self, name: str, operation: str, subscriber_id: str) -> str:
+        """CreateSubscription or DeleteSubscription of a churn subscription on broker ``name``: the
+        status's name (OK, or the code it failed with)."""
+        stub = broker_pb2_grpc.BrokerAdminStub(self._channels[name])
+        try:
+            if operation == "create":
+                subscription = broker_pb2.Subscription(subscriber_id=subscriber_id, topic=CHURN_TOPIC, durable=True)
+                await stub.CreateSubscription(
+                    broker_pb2.CreateSubscriptionRequest(subscription=subscription), timeout=CHURN_RPC_SECONDS
+                )
+            else:
+                await stub.DeleteSubscription(
+                    broker_pb2.DeleteSubscriptionRequest(topic=CHURN_TOPIC, subscriber_id=subscriber_id),
+                    timeout=CHURN_RPC_SECONDS,
+                )
+        except aio.AioRpcError as error:
+            # NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION: refused, nothing done (CHURN_SURE); any
+            # other code (a deadline, a connection lost) leaves the outcome unknown.
+            return str(error.code().name)
+        return "OK"
+
+    async def churn_held(self, name: str) -> list[str] | None:
+        """The churn subscriptions broker ``name`` holds (None: no answer)."""
+        stub = broker_pb2_grpc.BrokerAdminStub(self._channels[name])
+        try:
+            reply = await stub.ListSubscriptions(broker_pb2.ListSubscriptionsRequest(topic=CHURN_TOPIC), timeout=2.0)
+        except aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:  # the topic was never made there
+                return []
+            return None
+        return sorted(s.subscriber_id for s in reply.subscriptions if s.durable)
+
     async def switchovers(self) -> list[monitor_pb2.Switchover]:
         stub = monitor_pb2_grpc.MonitorStub(self._channels["monitor"])
         try:
@@ -304,6 +346,9 @@ class ScheduleRun:
     t0: float = 0.0
     background: list[asyncio.Task[None]] = field(default_factory=list)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Per churn subscription, the calls made: (operation, {broker: outcome}) in order.
+    churn: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
+    churn_log: list[dict[str, Any]] = field(default_factory=list)
 
     def now(self) -> float:
         return round(time.time() - self.t0, 3)
@@ -455,6 +500,24 @@ class ScheduleRun:
         elif kind == sched.RESTART_PUBLISHER:
             await self._restart_publisher(step)
 
+    async def churner(self, calls: list[sched.Step]) -> None:
+        """The subscription churn, beside the nemesis (its calls land during any fault)."""
+        for call in calls:
+            await asyncio.sleep(call.delay)
+            await self._churn(call)
+
+    async def _churn(self, step: sched.Step) -> None:
+        """A client's CreateSubscription or DeleteSubscription on one broker or both (one call at a time)."""
+        operation, name = step.detail.split()
+        targets = list(BROKERS) if step.target == "both" else [step.target]
+        async with self.lock("churn"):
+            t = self.now()
+            outcomes = {b: await self.cluster.churn_call(b, operation, name) for b in targets}
+            self.churn.setdefault(name, []).append((operation, outcomes))
+            # Not a fault: kept apart from the faults (their stalls, the report's lanes).
+            self.churn_log.append({"t": t, "target": step.target, "operation": operation, "name": name, **outcomes})
+            self.progress(f"  seed {self.seed} t={t:6.1f}s churn {operation} {name} on {step.target}: {outcomes}")
+
     async def _cut(self, step: sched.Step) -> None:
         kind = step.kind
         async with self.lock("link"):
@@ -565,6 +628,38 @@ class ScheduleRun:
             subs.append(check.subscriber_history(name, records, settings.get("keys", ()), settings.get("prefixes", ())))
         return pubs, subs, torn
 
+    async def churn_check(self) -> dict[str, Any]:
+        """After the drain: both brokers must come to hold the same churn subscriptions (bounded wait),
+        and a subscription whose last call went to both brokers and was answered OK by both must be held
+        (created) or not (deleted), when no call on it had an unknown outcome."""
+        started = time.monotonic()
+        held: dict[str, list[str] | None] = {}
+        while True:
+            held = {b: await self.cluster.churn_held(b) for b in BROKERS}
+            same = held["broker-a"] is not None and held["broker-a"] == held["broker-b"]
+            if same or time.monotonic() - started > CHURN_SETTLE_SECONDS:
+                break
+            await asyncio.sleep(0.5)
+        expected: dict[str, bool] = {}
+        for name, calls in self.churn.items():
+            if any(o not in CHURN_SURE for _, outcomes in calls for o in outcomes.values()):
+                continue  # a call whose outcome is unknown may still have been applied
+            operation, outcomes = calls[-1]
+            if set(outcomes) == set(BROKERS) and all(o == "OK" for o in outcomes.values()):
+                expected[name] = operation == "create"
+        wrong = sorted(
+            name
+            for name, want in expected.items()
+            if held["broker-a"] is not None and (name in held["broker-a"]) != want
+        )
+        return {
+            "same": same,
+            "held": held,
+            "waited_s": round(time.monotonic() - started, 2),
+            "expected": expected,
+            "wrong": wrong,
+        }
+
     async def drain(self) -> dict[str, Any]:
         """Publishers stop and wait for their acks; subscribers get (bounded) what was acknowledged."""
         await self.subscribers["slow"].tell("fast")
@@ -621,6 +716,7 @@ async def run_schedule(seed: int, cfg: ChaosConfig, folder: Path, progress: Call
     """Run one schedule in ``folder``; the schedule's entry for the report."""
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
     steps = sched.draw(seed, cfg.seconds)
+    churn = sched.churn_calls(seed, cfg.seconds)
     cluster = Cluster(folder, cfg.delivery_workers)
     run = ScheduleRun(seed, folder, cfg, cluster, progress)
     pollers: list[asyncio.Task[None]] = []
@@ -633,8 +729,12 @@ async def run_schedule(seed: int, cfg: ChaosConfig, folder: Path, progress: Call
         run.t0 = time.time()
         pollers = [asyncio.create_task(run.poll_roles()), asyncio.create_task(run.poll_switchovers())]
         await run.start_clients()
+        churner = asyncio.create_task(run.churner(churn))
+        run.background.append(churner)
         await run.nemesis(steps)
+        await churner
         drain = await run.drain()
+        drain["churn"] = await run.churn_check()
     except Exception as exc:  # noqa: BLE001 - the schedule is reported as failed, the next one runs
         error = f"{type(exc).__name__}: {exc}"
         progress(f"  seed {seed}: harness error: {error}")
@@ -650,7 +750,9 @@ async def run_schedule(seed: int, cfg: ChaosConfig, folder: Path, progress: Call
         await asyncio.gather(*pollers, *run.background, return_exceptions=True)
         stopped = await cluster.stop()
     end = time.time()
-    return _result(run, steps=steps, drain=drain, stopped=stopped, error=error, end=end, wall=time.monotonic() - wall)
+    result = _result(run, steps=steps, drain=drain, stopped=stopped, error=error, end=end, wall=time.monotonic() - wall)
+    result["churn_calls"] = [c.as_dict() for c in churn]
+    return result
 
 
 def _result(
@@ -718,6 +820,7 @@ def _result(
         "client_errors": {h.publisher_id: h.errors for h in pubs if h.errors}
         | {h.subscriber_id: h.errors for h in subs if h.errors},
         "switchovers": switchovers,
+        "churn": run.churn_log,
         "migration_overlapped_fault": migration_overlaps(switchovers, faults, end - run.t0),
         "link_via_proxy": run.cluster.link_via_proxy,
         "active_timeline": _active_timeline(relative),
@@ -741,6 +844,11 @@ def violations(result: dict[str, Any]) -> list[str]:
         out.append(f"max_actives={result['max_actives']}")
     if result["unflushed_publishers"]:
         out.append(f"publishing stopped: {', '.join(result['unflushed_publishers'])} not acknowledged at the end")
+    churn = result.get("drain", {}).get("churn")
+    if churn and not churn["same"]:
+        out.append(f"durable subscriptions differ between the brokers: {churn['held']}")
+    if churn and churn["wrong"]:
+        out.append(f"churn subscriptions not as their last call on both brokers left them: {churn['wrong']}")
     if result["error"]:
         out.append(f"harness error: {result['error']}")
     return out

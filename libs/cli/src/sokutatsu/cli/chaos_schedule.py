@@ -10,7 +10,11 @@ those, monitor kills and pauses, stream floods) fill the schedule up to its leng
 the monitor's own link to a broker (one per :data:`MONITOR_LINK_EVERY` seconds of length) are
 drawn from a random stream of their own and inserted between the other steps, so a seed's
 other steps are the ones it drew before those faults existed (the fixed schedules of the
-tests keep their meaning).
+tests keep their meaning). The subscription churn (:func:`churn_calls`, one call per
+:data:`CHURN_EVERY` seconds of length) is a timeline of its own, from its own random stream,
+run beside the steps so that its calls land during broker kills, pauses and cuts: a client
+creates or deletes one of :data:`CHURN_NAMES` (durable, nobody attached) on one broker or both,
+and at the end both brokers must hold the same ones (invariant 8 of the broker's lists).
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ RESTART_PUBLISHER = "restart-publisher"  # kill -9 a publisher, restart it with 
 CUT_MONITOR = "cut-monitor"  # closed and refused: the broker runs on, out of the monitor's reach
 MUTE_MONITOR = "mute-monitor"  # calls arrive, answers are dropped: the broker acts, the monitor never hears
 MONITOR_LINK_FAULTS = (CUT_MONITOR, MUTE_MONITOR)
+# CreateSubscription or DeleteSubscription (`detail`: "create NAME" or "delete NAME") sent to `target`:
+# broker-a, broker-b or both (by name, not role: a call that reaches one broker only is the point).
+CHURN = "churn"
+CHURN_NAMES = ("churn-0", "churn-1", "churn-2")
+# One churn step per this many seconds of schedule length.
+CHURN_EVERY = 3.0
 # One monitor-link fault per this many seconds of schedule length.
 MONITOR_LINK_EVERY = 20.0
 
@@ -60,6 +70,8 @@ class Step:
     duration: float = 0.0
     # The broker fault that the slow subscriber's migration overlaps.
     during_migration: bool = False
+    # What a churn step does ("create churn-1").
+    detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +136,35 @@ def draw(seed: int, seconds: float, *, monitor_links: bool = True) -> list[Step]
     return _with_monitor_link_faults(steps, seed, seconds) if monitor_links else steps
 
 
+def _outside_migration(steps: list[Step]) -> list[int]:
+    """The places a step may be inserted at: not inside the migration group (slow, its fault, recover)."""
+    inside, allowed = False, []
+    for i, s in enumerate(steps):
+        if not inside:
+            allowed.append(i)
+        inside = (inside or s.kind == SLOW) and s.kind != RECOVER
+    allowed.append(len(steps))
+    return allowed
+
+
+def churn_calls(seed: int, seconds: float) -> list[Step]:
+    """The subscription churn of ``seed``: about one call per :data:`CHURN_EVERY` seconds, each taken
+    its ``delay`` after the previous one, beside the schedule's steps."""
+    rng = random.Random(f"churn-{seed}")  # noqa: S311 - a reproducible schedule, not security
+    calls = []
+    for _ in range(int(seconds // CHURN_EVERY)):
+        operation = rng.choices(("create", "delete"), weights=(3, 2))[0]
+        calls.append(
+            Step(
+                CHURN,
+                rng.choice(("broker-a", "broker-b", "both")),
+                round(rng.uniform(0.2, 2 * CHURN_EVERY - 0.2), 2),
+                detail=f"{operation} {rng.choice(CHURN_NAMES)}",
+            )
+        )
+    return calls
+
+
 def _with_monitor_link_faults(steps: list[Step], seed: int, seconds: float) -> list[Step]:
     """``steps`` with the monitor-link faults of ``seed`` inserted (never inside the migration group)."""
     rng = random.Random(f"monitor-links-{seed}")  # noqa: S311 - a reproducible schedule, not security
@@ -135,13 +176,7 @@ def _with_monitor_link_faults(steps: list[Step], seed: int, seconds: float) -> l
             round(rng.uniform(0.5, 3.0), 2),
             round(rng.uniform(1.0, 5.0), 2),
         )
-        inside, allowed = False, []
-        for i, s in enumerate(steps):
-            if not inside:
-                allowed.append(i)
-            inside = (inside or s.kind == SLOW) and s.kind != RECOVER
-        allowed.append(len(steps))
-        steps.insert(rng.choice(allowed), step)
+        steps.insert(rng.choice(_outside_migration(steps)), step)
     return steps
 
 
