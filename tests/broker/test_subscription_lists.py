@@ -35,7 +35,7 @@ def _held(broker: Broker) -> bool:
 ADDRESSES = {"a": "127.0.0.1:7101", "b": "127.0.0.1:7102"}
 
 
-def _settings(tmp_path: Path, me: str, role: str) -> BrokerSettings:
+def _settings(tmp_path: Path, me: str, role: str, **more: str) -> BrokerSettings:
     """broker ``me`` ("a" or "b") with its state under ``tmp_path/me``, its peer the other."""
     other = "b" if me == "a" else "a"
     return load(
@@ -45,6 +45,7 @@ def _settings(tmp_path: Path, me: str, role: str) -> BrokerSettings:
             "SOKUTATSU_BROKER_INSTANCE": f"broker-{me}",
             "SOKUTATSU_BROKER_ROLE": role,
             "SOKUTATSU_BROKER_PEER": ADDRESSES[other],
+            **{f"SOKUTATSU_BROKER_{key.upper()}": value for key, value in more.items()},
         },
     )
 
@@ -121,12 +122,14 @@ async def _expire_on(broker: Broker) -> None:
 
 
 @asynccontextmanager
-async def _pair(tmp_path: Path, *, old_active: bool = False) -> AsyncIterator[tuple[Broker, Broker, _Link, _Link]]:
+async def _pair(
+    tmp_path: Path, *, old_active: bool = False, **more: str
+) -> AsyncIterator[tuple[Broker, Broker, _Link, _Link]]:
     """An active and a standby that both hold "idle", created by a client on each (as the SDK does), their
     lists exchanged; and the two links. ``old_active``: the active is a broker from before the tags."""
     async with _running_disk() as disk:
-        active = Broker(_settings(tmp_path, "a", "active"), disk)
-        standby = Broker(_settings(tmp_path, "b", "standby"), disk)
+        active = Broker(_settings(tmp_path, "a", "active", **more), disk)
+        standby = Broker(_settings(tmp_path, "b", "standby", **more), disk)
         links: tuple[_Link, ...] = ()
         try:
             for broker in (active, standby):
@@ -672,3 +675,52 @@ async def test_a_frame_without_a_list_does_not_say_what_the_peer_understands(tmp
         )
         assert active.peer_creation_tags
         assert active.lists_resend == resend
+
+
+async def test_a_write_whose_caller_was_cancelled_still_reaches_the_peer(tmp_path: Path) -> None:
+    """The fourth review's first schedule: a CreateSubscription cut off by its deadline while its catalog
+    write waited on the disk thread. The write went on, but the peer was told only after the caller's
+    await, which never came back: the subscription was on disk here and never reached the peer."""
+    fresh = broker_pb2.Subscription(subscriber_id="fresh", topic="prices", durable=True)
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        creating = asyncio.create_task(active.create_subscription(active.subscription_spec(fresh)))
+        await asyncio.sleep(0)
+        creating.cancel()
+        await asyncio.gather(creating, return_exceptions=True)
+        await active.disk.call(lambda: None)  # the disk thread ran the write queued before
+        await _settle(to_standby, to_active)
+        assert "fresh" in standby.topics["prices"].queues, "the peer never heard of a creation written here"
+
+
+async def test_a_failed_write_is_written_again_and_then_reaches_the_peer(tmp_path: Path) -> None:
+    """The fourth review's second schedule: a creation whose catalog write failed (here, a folder where
+    the write's temporary file goes) left the queue here, neither on disk nor told to the peer, and a
+    client's retry answered OK without writing. The broker writes it again, about once a second, and
+    at a client's retry."""
+    fresh = broker_pb2.Subscription(subscriber_id="fresh", topic="prices", durable=True)
+    async with _pair(tmp_path) as (active, standby, to_standby, to_active):
+        blocker = tmp_path / "a" / "catalog.tmp"
+        blocker.mkdir()
+        with pytest.raises(IsADirectoryError):
+            await active.create_subscription(active.subscription_spec(fresh))
+        await _settle(to_standby, to_active)
+        assert "fresh" not in standby.topics["prices"].queues
+        assert active.catalog_dirty
+        blocker.rmdir()
+        await active.tick_retention()
+        assert not active.catalog_dirty
+        await _settle(to_standby, to_active)
+        assert "fresh" in standby.topics["prices"].queues, "the peer never heard of the creation written again"
+
+
+async def test_an_away_copy_may_be_deleted_once_the_peer_is_not_heard(tmp_path: Path) -> None:
+    """The fourth review's fifth finding: refused for as long as the copy stays away, the deletion of a
+    subscription whose peer is gone for good was impossible (an away copy never expires). With the peer
+    not heard for its timeout, it goes ahead."""
+    async with _pair(tmp_path, peer_timeout_ms="50") as (active, standby, *_):
+        await standby.accept(IDLE, {})
+        await active.release("prices", "idle")
+        await asyncio.sleep(0.2)  # the standby is not heard from for its timeout (gone)
+        assert not active.peer_up
+        await active.delete_subscription("prices", "idle")
+        assert not _held(active)

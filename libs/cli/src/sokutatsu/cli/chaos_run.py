@@ -221,6 +221,7 @@ class Cluster:
             if s is None
             else f"{n}: {_role_name(s.role)} peer_up={s.peer_up} caught_up={getattr(s, 'caught_up', None)} "
             f"queues_behind={getattr(s, 'queues_behind', None)}"
+            + "".join(f" {q.topic}/{q.subscriber_id}" for q in s.subscribers if q.behind)
             for n, s in zip(BROKERS, replies, strict=True)
         )
         return healthy, said
@@ -845,7 +846,9 @@ def violations(result: dict[str, Any]) -> list[str]:
     if result["unflushed_publishers"]:
         out.append(f"publishing stopped: {', '.join(result['unflushed_publishers'])} not acknowledged at the end")
     churn = result.get("drain", {}).get("churn")
-    if churn and not churn["same"]:
+    if churn and None in churn["held"].values():
+        out.append(f"a broker did not answer ListSubscriptions after the drain: {churn['held']}")
+    elif churn and not churn["same"]:
         out.append(f"durable subscriptions differ between the brokers: {churn['held']}")
     if churn and churn["wrong"]:
         out.append(f"churn subscriptions not as their last call on both brokers left them: {churn['wrong']}")

@@ -165,6 +165,9 @@ class Broker:
         self._published: _Lists = _Lists([], [], [])
         # Bumped to send the published lists again (the peer now understands creation tags).
         self.lists_resend = 0
+        # The last catalog write failed: what it held is neither on disk nor told to the peer until a
+        # later one succeeds (tick_retention tries about once a second).
+        self.catalog_dirty = False
         # The peer's list version last applied here, acknowledged in every frame (invariant 8).
         self.peer_version_applied = 0
         # The creation tags of the durable subscriptions held here, and of those deleted or expired
@@ -261,10 +264,20 @@ class Broker:
         self.lists.stamp(version)
         data = self._catalog().to_json()
         lists = self._lists()
-        await self.disk.call(save_catalog, self._catalog_path, data)
-        if version > self.subscriptions_version:  # the disk thread runs the writes in order
-            self._published = lists
-            self.subscriptions_version = version
+
+        def written(write: asyncio.Future[None]) -> None:
+            # Also when the caller was cancelled meanwhile (a client's deadline, the pair's stream
+            # ending while it applied a frame): the write went on, and the peer must hear it.
+            if write.cancelled() or write.exception() is not None:
+                self.catalog_dirty = True  # tick_retention writes it again
+            elif version > self.subscriptions_version:  # the disk thread runs the writes in order
+                self._published = lists
+                self.subscriptions_version = version
+                self.catalog_dirty = False
+
+        write = asyncio.ensure_future(self.disk.call(save_catalog, self._catalog_path, data))
+        write.add_done_callback(written)
+        await asyncio.shield(write)
 
     def _lists(self) -> _Lists:
         return _Lists(
@@ -424,6 +437,8 @@ class Broker:
                     f"subscription of {echo(spec.subscriber_id)} to {echo(spec.topic)} exists with other settings; "
                     "delete it first to change them"
                 )
+            if self.catalog_dirty:  # its creation's write failed: the client's retry writes it
+                await self._save_catalog()
             return existing.spec
         self._add_queue(spec)
         if spec.durable:
@@ -528,9 +543,11 @@ class Broker:
         queue = self.queue(topic_name, subscriber_id)
         if queue.attached:
             raise FailedPrecondition(f"{echo(subscriber_id)} is connected to {echo(topic_name)}; disconnect it first")
-        if queue.state in (AWAY, LEAVING):
+        if queue.state in (AWAY, LEAVING) and self.peer_up:
             # Deleted here, the peer's copy, which its subscriber is served from, would stay, and this
             # broker would take it back as a copy of its own, serving beside the peer (third review).
+            # With the peer not heard (gone, perhaps for good) the delete goes ahead: refused, an
+            # away copy, which never expires, could not be deleted at all (fourth review).
             raise FailedPrecondition(
                 f"{echo(subscriber_id)}'s subscription to {echo(topic_name)} is served by the peer broker "
                 f"(it is {_STATE_NAMES[queue.state]} here); delete it there"
@@ -1336,6 +1353,11 @@ class Broker:
     async def tick_retention(self) -> None:
         """About once a second: discard what is past its queue's maximum age, and expire durable
         subscriptions nobody attached to for SUBSCRIPTION_EXPIRY."""
+        if self.catalog_dirty:
+            try:
+                await self._save_catalog()
+            except OSError as exc:
+                log.error("could not write the catalog %s (trying again in a second): %s", self._catalog_path, exc)  # noqa: TRY400
         now_ns = time.time_ns()
         for topic in self.topics.values():
             for queue in topic.queue_list:
@@ -1487,6 +1509,7 @@ class Broker:
                     retention=queue.retention.proto_fields,
                     disk_bytes=queue.file_bytes,
                     oldest_age_ms=queue.oldest_age_ms(now_ns),
+                    behind=spec.durable and queue.behind,
                     spilled_bytes=queue.disk_bytes,
                     in_flight=len(queue.in_flight),
                     credits=max(queue.credits, 0),

@@ -77,7 +77,7 @@ def save_catalog(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with tmp.open("w") as out:
-        json.dump(data, out, indent=1)
+        json.dump(data, out, separators=(",", ":"))  # compact: up to 10,000 tombstones, written often
         out.flush()
         os.fsync(out.fileno())
     tmp.replace(path)

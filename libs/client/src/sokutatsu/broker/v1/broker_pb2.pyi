@@ -1675,6 +1675,7 @@ class SubscriberStats(_message.Message):
     RETENTION_FIELD_NUMBER: _builtins.int
     DISK_BYTES_FIELD_NUMBER: _builtins.int
     OLDEST_AGE_MS_FIELD_NUMBER: _builtins.int
+    BEHIND_FIELD_NUMBER: _builtins.int
     subscriber_id: _builtins.str
     topic: _builtins.str
     connected: _builtins.bool
@@ -1710,6 +1711,11 @@ class SubscriberStats(_message.Message):
     (0 = none, or unknown: not yet read back from disk).
     """
     oldest_age_ms: _builtins.int
+    behind: _builtins.bool
+    """This copy may lack messages its subscriber has not acknowledged (the
+    peer's holdings say it put them in its copy): while any durable copy
+    is, BrokerStats.caught_up is false (queues_behind counts them).
+    """
     @_builtins.property
     def delivered(self) -> Global___Position:
         """Per publisher, the last seq sent to the subscriber."""
@@ -1747,10 +1753,11 @@ class SubscriberStats(_message.Message):
         retention: Global___Retention | None = ...,
         disk_bytes: _builtins.int = ...,
         oldest_age_ms: _builtins.int = ...,
+        behind: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "delivered", b"delivered", "retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "disk_bytes", b"disk_bytes", "dropped_retention_age", b"dropped_retention_age", "dropped_retention_bytes", b"dropped_retention_bytes", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "oldest_age_ms", b"oldest_age_ms", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "refused_publishes", b"refused_publishes", "retention", b"retention", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "behind", b"behind", "connected", b"connected", "credits", b"credits", "delivered", b"delivered", "depth", b"depth", "disk_bytes", b"disk_bytes", "dropped_retention_age", b"dropped_retention_age", "dropped_retention_bytes", b"dropped_retention_bytes", "in_flight", b"in_flight", "inflow_per_second", b"inflow_per_second", "memory_budget_bytes", b"memory_budget_bytes", "memory_bytes", b"memory_bytes", "oldest_age_ms", b"oldest_age_ms", "outflow_per_second", b"outflow_per_second", "overflow_mode", b"overflow_mode", "refused_publishes", b"refused_publishes", "retention", b"retention", "spilled_bytes", b"spilled_bytes", "spilled_count", b"spilled_count", "state", b"state", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
