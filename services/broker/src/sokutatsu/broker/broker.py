@@ -990,9 +990,20 @@ class Broker:
             )
         state.last_seq = jump
         state.rejecting = False
+        # While synced, the peer acknowledges nothing alone and its holdings cover all it did: a copy
+        # lacks of the hole at most what the peer put in its own copy. Without that bound every queue
+        # of every topic lacked the hole, also one the publisher never sends to: its subscriber never
+        # acknowledges that publisher, so the copy stayed behind (caught_up false) and a switchover to
+        # it waited at step 2, for good (chaos seed 476376 with the subscription churn).
+        holdings = self._peer_holdings if self.pair.synced else None
         for topic in self.topics.values():
             for queue in topic.queue_list:
-                queue.may_lack(publisher_id, jump)
+                bound = jump
+                if holdings is not None and queue.spec.durable:
+                    held = holdings.get((queue.spec.topic, queue.spec.subscriber_id))
+                    bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
+                if bound:
+                    queue.may_lack(publisher_id, bound)
                 if queue.last_enqueued.get(publisher_id, 0) < jump:
                     queue.last_enqueued[publisher_id] = jump
 
