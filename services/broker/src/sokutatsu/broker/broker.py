@@ -178,6 +178,9 @@ class Broker:
         # created here later (adopted from the peer's list, or taken by AcceptSubscriber before the
         # list arrived) takes them when it is made, whatever the order (pair_state.py, invariant 4).
         self._peer_holdings: dict[tuple[str, str], broker_pb2.SubscriberHoldings] = {}
+        # Publishers that resumed after a range the peer acknowledged alone (PublishOpen.first_unacked_seq),
+        # and up to where: marked in the copies once the peer's holdings are in (_mark_holes).
+        self._holes: dict[str, int] = {}
         # The broker's retention maximums (each queue's default; a subscription may ask for less).
         self.retention = Retention(
             max_bytes=settings.retention_max_bytes,
@@ -990,22 +993,35 @@ class Broker:
             )
         state.last_seq = jump
         state.rejecting = False
-        # While synced, the peer acknowledges nothing alone and its holdings cover all it did: a copy
-        # lacks of the hole at most what the peer put in its own copy. Without that bound every queue
-        # of every topic lacked the hole, also one the publisher never sends to: its subscriber never
-        # acknowledges that publisher, so the copy stayed behind (caught_up false) and a switchover to
-        # it waited at step 2, for good (chaos seed 476376 with the subscription churn).
-        holdings = self._peer_holdings if self.pair.synced else None
         for topic in self.topics.values():
             for queue in topic.queue_list:
-                bound = jump
-                if holdings is not None and queue.spec.durable:
-                    held = holdings.get((queue.spec.topic, queue.spec.subscriber_id))
-                    bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
-                if bound:
-                    queue.may_lack(publisher_id, bound)
                 if queue.last_enqueued.get(publisher_id, 0) < jump:
-                    queue.last_enqueued[publisher_id] = jump
+                    queue.last_enqueued[publisher_id] = jump  # the next message's previous_seq tells the hole
+        # What each copy lacks of the hole is marked once the peer's holdings are in (invariant 4: until
+        # then this broker is not caught up and takes no subscriber over).
+        self._holes[publisher_id] = max(self._holes.get(publisher_id, 0), jump)
+        if self.pair.synced:
+            self._mark_holes()
+
+    def _mark_holes(self) -> None:
+        """Mark in each copy what it lacks of the holes publishers resumed after: with the peer's holdings
+        of its current session in, the peer acknowledges nothing alone and its holdings cover all it did,
+        so a copy lacks at most what the peer put in its own copy. Before, every queue of every topic
+        took the whole hole, also one the publisher never sends to: its subscriber never acknowledges that
+        publisher, so the copy stayed behind (caught_up false: every failover waited
+        FAILOVER_BEHIND_AFTER_SECONDS) and a switchover to it waited at step 2, for good (chaos seed 476376
+        with the subscription churn)."""
+        for topic in self.topics.values():
+            for queue in topic.queue_list:
+                held = self._peer_holdings.get((queue.spec.topic, queue.spec.subscriber_id))
+                for publisher_id, jump in self._holes.items():
+                    if not queue.spec.durable:
+                        bound = jump  # the peer holds no copy of it: it may lack all of the hole
+                    else:
+                        bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
+                    if bound:
+                        queue.may_lack(publisher_id, bound)
+        self._holes = {}
 
     def check_first_seq(self, publisher_id: str, state: PublisherState, seq: int, field: str) -> None:
         """``INVALID_ARGUMENT`` for a publisher this broker has not seen starting over ``MAX_FIRST_SEQ``."""
@@ -1213,6 +1229,8 @@ class Broker:
             for held in holdings
             if self.lists.takes_holdings((held.topic, held.subscriber_id), held.creations)
         }
+        if self._holes:
+            self._mark_holes()
         raised = 0
         self.fills_wanted = {}
         for held in self._peer_holdings.values():
