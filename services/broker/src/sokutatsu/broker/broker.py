@@ -179,8 +179,10 @@ class Broker:
         # list arrived) takes them when it is made, whatever the order (pair_state.py, invariant 4).
         self._peer_holdings: dict[tuple[str, str], broker_pb2.SubscriberHoldings] = {}
         # Publishers that resumed after a range the peer acknowledged alone (PublishOpen.first_unacked_seq),
-        # and up to where: marked in the copies once the peer's holdings are in (_mark_holes).
+        # and up to where: marked in the copies, bounded by the peer's holdings, each time holdings come
+        # (_mark_holes); those not yet marked so keep this broker from being caught up.
         self._holes: dict[str, int] = {}
+        self._unmarked: dict[str, int] = {}
         # The broker's retention maximums (each queue's default; a subscription may ask for less).
         self.retention = Retention(
             max_bytes=settings.retention_max_bytes,
@@ -640,7 +642,7 @@ class Broker:
             and not open_frame.redirected
             and self.peer
             and self.peer_up
-            and queue.lacks_after(position)
+            and (queue.lacks_after(position) or self.lacks_unmarked(position))
         ):
             # Invariant 4 (pair_state.py): a broker that took the queue at switchover step 2 serves
             # it from where it holds its messages; a subscriber that comes before the redirect,
@@ -683,7 +685,7 @@ class Broker:
             )
         if self.peer and self.peer_up:
             raise PeerServes(broker_pb2.Redirect(target=self.peer, reason=why))
-        if queue.state == AWAY and queue.lacks_after(position):
+        if queue.state == AWAY and (queue.lacks_after(position) or self.lacks_unmarked(position)):
             # Invariant 7 (pair_state.py): the peer served this subscriber and holds on its disk what
             # this copy (a tail) lacks; a peer that comes back serves it again with nothing lost.
             silent = self.pair.silent_for()
@@ -997,16 +999,18 @@ class Broker:
             for queue in topic.queue_list:
                 if queue.last_enqueued.get(publisher_id, 0) < jump:
                     queue.last_enqueued[publisher_id] = jump  # the next message's previous_seq tells the hole
-        # What each copy lacks of the hole is marked once the peer's holdings are in (invariant 4: until
-        # then this broker is not caught up and takes no subscriber over).
+        # What each copy lacks of the hole is marked once holdings the peer took while it heard this
+        # broker are in (until then this broker is not caught up and takes no subscriber over).
         self._holes[publisher_id] = max(self._holes.get(publisher_id, 0), jump)
-        if self.pair.synced:
+        self._unmarked[publisher_id] = max(self._unmarked.get(publisher_id, 0), jump)
+        if self.pair.synced and self.pair.peer_hears_me:
             self._mark_holes()
 
     def _mark_holes(self) -> None:
-        """Mark in each copy what it lacks of the holes publishers resumed after: with the peer's holdings
-        of its current session in, the peer acknowledges nothing alone and its holdings cover all it did,
-        so a copy lacks at most what the peer put in its own copy. Before, every queue of every topic
+        """Mark in each copy what it lacks of the holes publishers resumed after: the peer's holdings of
+        its current session were taken while it heard this broker, when it acknowledges nothing alone, so
+        they cover all it did, and a copy lacks at most what the peer put in its own copy. Run again with
+        each holdings that come (a later session's may say more: marks only rise). Before, every queue of every topic
         took the whole hole, also one the publisher never sends to: its subscriber never acknowledges that
         publisher, so the copy stayed behind (caught_up false: every failover waited
         FAILOVER_BEHIND_AFTER_SECONDS) and a switchover to it waited at step 2, for good (chaos seed 476376
@@ -1021,7 +1025,12 @@ class Broker:
                         bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
                     if bound:
                         queue.may_lack(publisher_id, bound)
-        self._holes = {}
+        self._unmarked = {}
+
+    def lacks_unmarked(self, position: dict[str, int]) -> bool:
+        """Whether a hole not yet marked (no holdings since the publisher resumed) may hold messages after
+        ``position``: this broker then treats each copy as lacking it."""
+        return any(jump > position.get(publisher, 0) for publisher, jump in self._unmarked.items())
 
     def check_first_seq(self, publisher_id: str, state: PublisherState, seq: int, field: str) -> None:
         """``INVALID_ARGUMENT`` for a publisher this broker has not seen starting over ``MAX_FIRST_SEQ``."""
@@ -1064,7 +1073,7 @@ class Broker:
         spec = self.subscription_spec(sub)
         if not spec.durable:
             raise InvalidArgument("only durable subscriptions move between brokers (Subscription.durable)")
-        if self.peer_up and not self.pair.synced:
+        if (self.peer_up and not self.pair.synced) or self._unmarked:
             raise Unavailable(
                 f"{self.settings.instance} has not yet received what its peer holds since it last heard it "
                 "(it came back or the pair's link was down); retry in a moment"
@@ -1371,8 +1380,9 @@ class Broker:
         lacks a message. It stays so when the peer goes silent (a standby whose active died holds
         what was acknowledged; the monitor promotes it at once), and is not so after a restart
         until the peer's holdings arrive (chaos seed 4242: a restarted broker, empty, was promoted
-        over a standby that held everything)."""
-        return (not self.peer or self.pair.has_holdings) and self.queues_behind == 0
+        over a standby that held everything), nor while a publisher's hole waits for them
+        (``_unmarked``)."""
+        return (not self.peer or self.pair.has_holdings) and not self._unmarked and self.queues_behind == 0
 
     @property
     def queues_behind(self) -> int:
