@@ -814,3 +814,22 @@ async def test_a_hole_is_bounded_by_holdings_the_peer_took_while_it_heard_this_b
             assert copy.floor.get("p", 0) >= 6, f"floor {copy.floor}: a switchover at p 3 would pass, 4-6 a gap"
         finally:
             active.detach(attached)
+
+
+async def test_a_hole_marker_is_not_reported_as_held_to_the_peer(tmp_path: Path) -> None:
+    """Found by the next chaos run (seed 702424): a publisher's hole raises ``last_enqueued`` in every
+    queue, so that the next message's previous_seq tells the hole; the holdings reported that number as
+    held, also in a queue of a topic the publisher never sends to, and the peer, bounding a later hole of
+    its own by those holdings, marked its copy of that queue as lacking it: behind for good. The holdings
+    now say what was put there."""
+    quiet = broker_pb2.Subscription(subscriber_id="quiet", topic="other", durable=True)
+    async with _pair(tmp_path) as (_active, standby, to_standby, to_active):
+        await standby.create_subscription(standby.subscription_spec(quiet))
+        await _settle(to_standby, to_active)
+        standby.resume_publisher("p", standby.publisher("p"), 7)  # 1-6 acknowledged by the active alone
+        held = {(h.topic, h.subscriber_id): dict(h.last_enqueued.last_seq) for h in standby.holdings()}
+        assert held[("other", "quiet")] == {}, f"a hole reported as held: {held[('other', 'quiet')]}"
+        assert standby.queue("other", "quiet").last_enqueued["p"] == 6  # previous_seq still tells the hole
+        await _publish(standby, 7, 1)
+        held = {(h.topic, h.subscriber_id): dict(h.last_enqueued.last_seq) for h in standby.holdings()}
+        assert held[("prices", "idle")] == {"p": 7}

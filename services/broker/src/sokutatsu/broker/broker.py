@@ -102,6 +102,24 @@ class PublisherState:
     rejecting: bool = False
 
 
+def _held_numbers(queue: SubscriptionQueue) -> dict[str, int]:
+    """The last number of each publisher put in ``queue`` (of one being reclaimed, the last it holds),
+    for its holdings: not the number a publisher's hole raised ``last_enqueued`` to while no message of
+    that publisher has been put here since. Reported, that number made the peer mark the hole in its copy
+    too, and a copy on a topic the publisher never sends to stayed behind for good (chaos seed 702424)."""
+    numbers = queue.held_back.holds if queue.held_back is not None else queue.last_enqueued
+    if not queue.hole_marks:
+        return numbers
+    out = dict(numbers)
+    for publisher, (before, mark) in queue.hole_marks.items():
+        if out.get(publisher) == mark:
+            if before:
+                out[publisher] = before
+            else:
+                del out[publisher]
+    return out
+
+
 @dataclass
 class _Lists:
     """The subscription lists a catalog write held, for the peer (invariant 8): each durable
@@ -997,7 +1015,11 @@ class Broker:
         state.rejecting = False
         for topic in self.topics.values():
             for queue in topic.queue_list:
-                if queue.last_enqueued.get(publisher_id, 0) < jump:
+                before = queue.last_enqueued.get(publisher_id, 0)
+                if before < jump:
+                    mark = queue.hole_marks.get(publisher_id)
+                    held = mark[0] if mark is not None and mark[1] == before else before  # a mark not yet passed
+                    queue.hole_marks[publisher_id] = (held, jump)
                     queue.last_enqueued[publisher_id] = jump  # the next message's previous_seq tells the hole
         # What each copy lacks of the hole is marked once holdings the peer took while it heard this
         # broker are in (until then this broker is not caught up and takes no subscriber over).
@@ -1204,9 +1226,7 @@ class Broker:
             broker_pb2.SubscriberHoldings(
                 topic=q.spec.topic,
                 subscriber_id=q.spec.subscriber_id,
-                last_enqueued=broker_pb2.Position(
-                    last_seq=q.held_back.holds if q.held_back is not None else q.last_enqueued
-                ),
+                last_enqueued=broker_pb2.Position(last_seq=_held_numbers(q)),
                 serves=q.state in (SERVING, LEAVING),
                 reclaims=(q.spec.topic, q.spec.subscriber_id) in self._reclaiming,
                 away=q.state == AWAY,

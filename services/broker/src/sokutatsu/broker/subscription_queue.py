@@ -193,6 +193,11 @@ class SubscriptionQueue:
         self.held_back: HeldBack | None = None
         self.log: SegmentLog | None = None
         self.last_enqueued: dict[str, int] = {}
+        # Per publisher that resumed after a hole (Broker.resume_publisher): what ``last_enqueued`` held
+        # before, and the number it was raised to so the next message's previous_seq tells the hole.
+        # Until a message of that publisher is put here, the copy does not hold that number: its
+        # holdings say the earlier one (Broker.holdings).
+        self.hole_marks: dict[str, tuple[int, int]] = {}
         self.delivered: dict[str, int] = {}
         self.credits = 0
         self.attached = False
