@@ -764,26 +764,35 @@ async def test_a_publisher_resuming_after_a_hole_leaves_other_topics_copies_caug
             await again.close()
 
 
+@asynccontextmanager
+async def _acknowledged_through_3(active: Broker, standby: Broker, *links: _Link) -> AsyncIterator[None]:
+    """A subscriber attached to "idle" on the active has acknowledged p's 1-3, which both brokers hold."""
+    attached, _ = await active.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=10))
+    try:
+        for broker in (active, standby):
+            await _publish(broker, 1, 3)
+        attached.ack({"p": 3})
+        await _settle(*links)
+        yield
+    finally:
+        active.detach(attached)
+
+
 async def test_a_hole_not_yet_bounded_keeps_the_broker_from_being_caught_up(tmp_path: Path) -> None:
     """The fifth review's second schedule: the standby stops hearing the active, which acknowledges 4-6
     alone; the publisher resumes on the standby at 7. Its hole waits for holdings the active takes while it
     hears the standby; meanwhile the standby is not caught up (the monitor waits for the active) and takes
     no subscriber over. Before, it counted itself caught up, and a switchover to it passed at {p: 3}."""
-    async with _pair(tmp_path, peer_timeout_ms="50") as (active, standby, to_standby, to_active):
-        attached, _ = await active.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=10))
-        try:
-            for broker in (active, standby):
-                await _publish(broker, 1, 3)
-            attached.ack({"p": 3})
-            await _settle(to_standby, to_active)
-            await asyncio.sleep(0.2)  # the standby no longer hears the active
-            await _publish(active, 4, 3)  # acknowledged alone
-            standby.resume_publisher("p", standby.publisher("p"), 7)
-            assert not standby.caught_up, "a standby with a hole it cannot bound yet counted itself caught up"
-            with pytest.raises(Unavailable):
-                await standby.accept(IDLE, {"p": 3})
-        finally:
-            active.detach(attached)
+    async with (
+        _pair(tmp_path, peer_timeout_ms="50") as (active, standby, to_standby, to_active),
+        _acknowledged_through_3(active, standby, to_standby, to_active),
+    ):
+        await asyncio.sleep(0.2)  # the standby no longer hears the active
+        await _publish(active, 4, 3)  # acknowledged alone
+        standby.resume_publisher("p", standby.publisher("p"), 7)
+        assert not standby.caught_up, "a standby with a hole it cannot bound yet counted itself caught up"
+        with pytest.raises(Unavailable):
+            await standby.accept(IDLE, {"p": 3})
 
 
 async def test_a_hole_is_bounded_by_holdings_the_peer_took_while_it_heard_this_broker(tmp_path: Path) -> None:
@@ -793,27 +802,22 @@ async def test_a_hole_is_bounded_by_holdings_the_peer_took_while_it_heard_this_b
     forgotten, and the active's next holdings (p: 6) were skipped for a publisher streaming here, so a
     switchover at {p: 3} passed with 4-6 told as a gap though the active held them. Now it is bounded only
     by holdings taken while the peer heard this broker, and again by each later holdings."""
-    async with _pair(tmp_path, peer_timeout_ms="50") as (active, standby, to_standby, to_active):
-        attached, _ = await active.attach(broker_pb2.SubscribeOpen(subscription=IDLE, credits=10))
-        try:
-            for broker in (active, standby):
-                await _publish(broker, 1, 3)
-            attached.ack({"p": 3})
-            await _settle(to_standby, to_active)
+    async with (
+        _pair(tmp_path, peer_timeout_ms="50") as (active, standby, to_standby, to_active),
+        _acknowledged_through_3(active, standby, to_standby, to_active),
+    ):
+        await to_standby.step()
+        await asyncio.sleep(0.2)  # cut both ways: neither hears the other
+        await _publish(active, 4, 3)  # acknowledged alone
+        await to_standby.step()  # the standby hears the active first; the active does not hear it
+        standby.resume_publisher("p", standby.publisher("p"), 7)
+        standby.publish_stream_opened("p")
+        for _ in range(3):  # the active hears the standby: a new session, its holdings (p: 6) go
+            await to_active.step()
             await to_standby.step()
-            await asyncio.sleep(0.2)  # cut both ways: neither hears the other
-            await _publish(active, 4, 3)  # acknowledged alone
-            await to_standby.step()  # the standby hears the active first; the active does not hear it
-            standby.resume_publisher("p", standby.publisher("p"), 7)
-            standby.publish_stream_opened("p")
-            for _ in range(3):  # the active hears the standby: a new session, its holdings (p: 6) go
-                await to_active.step()
-                await to_standby.step()
-            standby.publish_stream_closed("p")
-            copy, _ = await standby.accept(IDLE, {"p": 3})
-            assert copy.floor.get("p", 0) >= 6, f"floor {copy.floor}: a switchover at p 3 would pass, 4-6 a gap"
-        finally:
-            active.detach(attached)
+        standby.publish_stream_closed("p")
+        copy, _ = await standby.accept(IDLE, {"p": 3})
+        assert copy.floor.get("p", 0) >= 6, f"floor {copy.floor}: a switchover at p 3 would pass, 4-6 a gap"
 
 
 async def test_a_hole_marker_is_not_reported_as_held_to_the_peer(tmp_path: Path) -> None:
