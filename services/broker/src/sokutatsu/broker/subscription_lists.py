@@ -2,9 +2,8 @@
 
 **Invariant 8: both brokers hold a durable subscription, or neither does, once their frames have crossed:
 a creation on either reaches the other, and so does a deletion or an expiry, except of a copy a
-subscriber is attached to (that copy stays, and comes back on the other, with the peer's holdings);
-a peer's stale list neither
-brings back a deleted subscription nor keeps out one created again.**
+subscriber is attached to (that copy stays, and comes back on the other, with the peer's holdings); a
+peer's stale list neither brings back a deleted subscription nor keeps out one created again.**
 
 Each creation of a durable subscription on a broker (``CreateSubscription``, or ``AcceptSubscriber`` for
 one it lacked) gets a *creation tag*, random. A broker's copy carries the tags it knows for that name:
@@ -25,7 +24,7 @@ Lists go out when their sender's subscriptions change, and whole on every new st
   next frame carries them), so that it does not count itself as holding what it deleted. One without
   tags (a broker before them, or a copy from before them) deletes by name, the old rule, not one
   attached here. A client's DeleteSubscription is refused for a copy the peer serves the subscriber
-  from (away or leaving here): delete it there.
+  from (away or leaving here) while the peer is heard: delete it there.
 - The peer hears only what is on disk here: the lists, deletions and expiries a frame carries are those
   of the last catalog write that completed, under that write's *list version* (``Broker._save_catalog``).
   Sent before it was on disk, a deletion that the peer applied and acknowledged could be undone by a
