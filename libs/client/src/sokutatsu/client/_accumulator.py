@@ -92,7 +92,11 @@ class Accumulator:
         if waiter is None:
             waiter = self._waiters[seq] = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.ack_timeout)
+            # Not asyncio.wait_for: on Python 3.11 it returns instead of raising when the task is
+            # cancelled as the acknowledgement arrives, so a task cancelled in publish() went on
+            # publishing (a fuzz canary's close hung on it in CI). asyncio.timeout re-raises it.
+            async with asyncio.timeout(self.ack_timeout):
+                await asyncio.shield(waiter)
         except TimeoutError:
             why = f": {self.last_refusal}" if self.last_refusal else ""
             raise PublishTimeout(f"message {seq} not acknowledged within {self.ack_timeout:g}s{why}") from None

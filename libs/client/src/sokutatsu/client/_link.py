@@ -173,7 +173,8 @@ class BrokerLink:
             if self.accumulator.failure is None:
                 self.reconnect_now.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.reconnect_now.wait(), backoff.next_delay())
+                    async with asyncio.timeout(backoff.next_delay()):  # not wait_for: see Accumulator.wait_acked
+                        await self.reconnect_now.wait()
 
     async def _session(self, backoff: Backoff) -> None:
         accumulator = self.accumulator

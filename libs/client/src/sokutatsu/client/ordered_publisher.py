@@ -120,7 +120,8 @@ class OrderedPublisher:
     async def close(self) -> None:
         """Wait (up to the publisher's ``ack_timeout``) for what was handed over, then stop."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.flush(), self.publisher.ack_timeout)
+            async with asyncio.timeout(self.publisher.ack_timeout):  # not wait_for: see Accumulator.wait_acked
+                await self.flush()
         self._closed = True
         self._stopping.set()
         self._wake.set()
@@ -187,7 +188,8 @@ class OrderedPublisher:
                 self._fail(error)
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), backoff.next_delay())
+                async with asyncio.timeout(backoff.next_delay()):  # not wait_for: see Accumulator.wait_acked
+                    await self._stopping.wait()
 
     async def _session(self, call: _StampCall, backoff: Backoff) -> None:
         if self._recent:
@@ -239,7 +241,8 @@ class OrderedPublisher:
             sent_ns = time.time_ns() if self._stamps is not None else 0
             await write_frame(call, request)
             try:
-                response = await asyncio.wait_for(call.read(), self.stamp_timeout)
+                async with asyncio.timeout(self.stamp_timeout):  # not wait_for: see Accumulator.wait_acked
+                    response = await call.read()
             except TimeoutError:
                 # A sequencer that stops answering is treated like one that went away: the
                 # range it may have handed out is filled for lack of a claim, and the batch is

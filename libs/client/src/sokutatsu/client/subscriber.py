@@ -198,11 +198,13 @@ class Subscriber:
         self._closed = True  # no reconnecting from here on
         if call is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._final_ack(call), FINAL_ACK_SECONDS)
+                async with asyncio.timeout(FINAL_ACK_SECONDS):  # not wait_for: see Accumulator.wait_acked
+                    await self._final_ack(call)
         lane = self._lane
         if lane is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._final_ack_lane(lane), FINAL_ACK_SECONDS)
+                async with asyncio.timeout(FINAL_ACK_SECONDS):  # not wait_for: see Accumulator.wait_acked
+                    await self._final_ack_lane(lane)
         tasks = [t for t in (self._task, self._flusher, self._writer) if t is not None]
         for task in tasks:
             task.cancel()

@@ -145,7 +145,8 @@ class ManyLink:
         self._closing = True
         self._wake.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_SECONDS)
+            async with asyncio.timeout(CLOSE_SECONDS):  # not wait_for: see Accumulator.wait_acked
+                await asyncio.shield(self._task)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
