@@ -516,14 +516,14 @@ class Broker:
         the deletion did not see (subscription_lists.py, invariant 8).
         """
         by_name = {(sub.topic, sub.subscriber_id): sub for sub in subscriptions}
-        tombstones = len(self.lists.tombstones())
+        tombstones = self.lists.tombstone_count
         adopt, merged = self.lists.peer_list(
             {name: tags_of(sub.creations) for name, sub in by_name.items()}, whole=whole, applied=applied
         )
         # A deletion or expiry whose tombstone went is applied on the peer (it lists none of those creations).
         self.expired_names = [(name, tags) for name, tags in self.expired_names if self.lists.tombstoned(name)]
         self.deleted_names = [(name, tags) for name, tags in self.deleted_names if self.lists.tombstoned(name)]
-        merged = merged or len(self.lists.tombstones()) != tombstones  # the catalog forgets them too
+        merged = merged or self.lists.tombstone_count != tombstones  # the catalog forgets them too
         adopted = 0
         for name, creations in adopt.items():
             sub = by_name[name]

@@ -116,6 +116,10 @@ class SubscriptionLists:
         """A copy of this name was deleted here that the peer's lists may still hold."""
         return name in self._tombstones
 
+    @property
+    def tombstone_count(self) -> int:
+        return len(self._tombstones)
+
     def tombstones(self) -> dict[Name, tuple[list[str], int]]:
         """The tombstones, as the catalog records them (a restart keeps them)."""
         return {name: (encoded(dead), version) for name, (dead, version) in self._tombstones.items()}
