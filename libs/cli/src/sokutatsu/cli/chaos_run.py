@@ -347,8 +347,7 @@ class ScheduleRun:
     t0: float = 0.0
     background: list[asyncio.Task[None]] = field(default_factory=list)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # Per churn subscription, the calls made: (operation, {broker: outcome}) in order.
-    churn: dict[str, list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
+    # The churn calls made, in order: t, target, operation, name, and each broker's outcome.
     churn_log: list[dict[str, Any]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -508,16 +507,15 @@ class ScheduleRun:
             await self._churn(call)
 
     async def _churn(self, step: sched.Step) -> None:
-        """A client's CreateSubscription or DeleteSubscription on one broker or both (one call at a time)."""
+        """A client's CreateSubscription or DeleteSubscription on one broker or both (the churner makes
+        one call at a time)."""
         operation, name = step.detail.split()
         targets = list(BROKERS) if step.target == "both" else [step.target]
-        async with self.lock("churn"):
-            t = self.now()
-            outcomes = {b: await self.cluster.churn_call(b, operation, name) for b in targets}
-            self.churn.setdefault(name, []).append((operation, outcomes))
-            # Not a fault: kept apart from the faults (their stalls, the report's lanes).
-            self.churn_log.append({"t": t, "target": step.target, "operation": operation, "name": name, **outcomes})
-            self.progress(f"  seed {self.seed} t={t:6.1f}s churn {operation} {name} on {step.target}: {outcomes}")
+        t = self.now()
+        outcomes = {b: await self.cluster.churn_call(b, operation, name) for b in targets}
+        # Not a fault: kept apart from the faults (their stalls, the report's lanes).
+        self.churn_log.append({"t": t, "target": step.target, "operation": operation, "name": name, **outcomes})
+        self.progress(f"  seed {self.seed} t={t:6.1f}s churn {operation} {name} on {step.target}: {outcomes}")
 
     async def _cut(self, step: sched.Step) -> None:
         kind = step.kind
@@ -641,13 +639,16 @@ class ScheduleRun:
             if same or time.monotonic() - started > CHURN_SETTLE_SECONDS:
                 break
             await asyncio.sleep(0.5)
+        calls: dict[str, list[dict[str, Any]]] = {}
+        for call in self.churn_log:
+            calls.setdefault(call["name"], []).append(call)
         expected: dict[str, bool] = {}
-        for name, calls in self.churn.items():
-            if any(o not in CHURN_SURE for _, outcomes in calls for o in outcomes.values()):
+        for name, made in calls.items():
+            if any(call.get(b, "OK") not in CHURN_SURE for call in made for b in BROKERS):
                 continue  # a call whose outcome is unknown may still have been applied
-            operation, outcomes = calls[-1]
-            if set(outcomes) == set(BROKERS) and all(o == "OK" for o in outcomes.values()):
-                expected[name] = operation == "create"
+            last = made[-1]
+            if all(last.get(b) == "OK" for b in BROKERS):
+                expected[name] = last["operation"] == "create"
         wrong = sorted(
             name
             for name, want in expected.items()
