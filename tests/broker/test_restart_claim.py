@@ -91,6 +91,28 @@ async def test_a_recovered_queue_knows_which_numbers_its_log_holds(tmp_path: Pat
         assert queue.depth == 7
 
 
+async def test_a_recovered_queue_still_lacks_a_hole_inside_its_log(tmp_path: Path) -> None:
+    """Found by `make chaos` (seed 223254, 9 messages told as a gap): a publisher resumed after a hole
+    (Broker.resume_publisher), so the record after the hole names the hole's last number as its
+    predecessor. Recovery took each publisher's records as contiguous and forgot the hole: the restarted
+    copy counted itself caught up, and a subscriber moved there was told as a gap what its peer held.
+    A record whose predecessor is past the previous record of its publisher marks the copy as lacking
+    up to it. (p1's 3 then 10 is a filtered queue's step, no hole: 10 names 3.)"""
+    log = SegmentLog(tmp_path)
+    records = [("p", 1, 0), ("p", 2, 1), ("p", 3, 2), ("p", 7, 6), ("p", 8, 7), ("p1", 3, 2), ("p1", 10, 3)]
+    log.append([PREV.pack(prev) + _message(publisher, seq).payload for publisher, seq, prev in records])
+    log.close()
+    async with _queue(tmp_path) as queue:
+        await queue.recover()
+        assert queue.last_enqueued == {"p": 8, "p1": 10}
+        assert queue.lacks == {"p": 6, "p1": 2}, "the hole 4-6 inside the log was forgotten"
+        assert queue.floor == {"p": 6, "p1": 2}
+        queue.trim({"p": 5, "p1": 10})
+        assert queue.behind, "acknowledged to 5, the copy still lacks 6"
+        queue.trim({"p": 6, "p1": 10})
+        assert not queue.behind
+
+
 async def test_the_peers_fill_goes_before_what_was_held_back_each_message_once(tmp_path: Path) -> None:
     """Held back: 16 and 17, after the publisher came back at 16 (what the active acknowledged alone,
     11 to 15, it never sends here). The fill brings 11 to 16: it goes first, 16 once, and the publish

@@ -837,3 +837,34 @@ async def test_a_hole_marker_is_not_reported_as_held_to_the_peer(tmp_path: Path)
         await _publish(standby, 7, 1)
         held = {(h.topic, h.subscriber_id): dict(h.last_enqueued.last_seq) for h in standby.holdings()}
         assert held[("prices", "idle")] == {"p": 7}
+
+
+async def test_a_hole_inside_a_spilled_copy_is_still_lacked_after_a_restart(tmp_path: Path) -> None:
+    """The schedule of chaos seed 223254: the standby stops hearing the active, which acknowledges 4-6
+    alone; the publisher resumes on the standby at 7. The standby's copy is on disk (over its budget) and
+    lacks 4-6; the standby is killed and starts again on its state. Before, the recovered log read as
+    contiguous (1-3, 7-9): the copy counted itself caught up without 4-6, and a subscriber moved there was
+    told as a gap what the active held."""
+    async with _pair(tmp_path, peer_timeout_ms="50", queue_budget="1") as (active, standby, to_standby, to_active):
+        for broker in (active, standby):
+            await _publish(broker, 1, 3)
+        await _settle(to_standby, to_active)
+        await asyncio.sleep(0.2)  # the standby no longer hears the active
+        await _publish(active, 4, 3)  # acknowledged alone
+        standby.resume_publisher("p", standby.publisher("p"), 7)
+        await _publish(standby, 7, 3)
+        for _ in range(3):  # heard again: the active's holdings (p: 6) bound the hole
+            await to_active.step()
+            await to_standby.step()
+        copy = standby.queue("prices", "idle")
+        await copy.written(copy.spill_appended)
+        assert copy.lacks == {"p": 6}
+        assert copy.disk_count == 6, "the schedule needs the copy on disk"
+        await standby.close()  # its marks are in memory: the same whether it is killed or stopped
+        again = await _restarted(standby, tmp_path)
+        try:
+            recovered = again.queue("prices", "idle")
+            assert recovered.lacks == {"p": 6}, f"lacks {recovered.lacks}: the hole inside the log was forgotten"
+            assert not again.caught_up
+        finally:
+            await again.close()

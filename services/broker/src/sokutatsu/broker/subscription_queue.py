@@ -233,23 +233,34 @@ class SubscriptionQueue:
             return
         first: dict[str, int] = {}
         last: dict[str, int] = {}
+        holes: dict[str, int] = {}
 
         def numbers(record: memoryview) -> None:
             header = broker_pb2.Message.FromString(bytes(record[_PREV.size :]))
             publisher, seq = header.publisher_id, header.publisher_seq
-            first.setdefault(publisher, seq)
+            if publisher in last:
+                (prev,) = _PREV.unpack_from(record)
+                if prev > last[publisher]:
+                    holes[publisher] = prev  # a hole the publisher resumed after (Broker.resume_publisher)
+            else:
+                first[publisher] = seq
             last[publisher] = seq
 
         self.log = await self._disk.call(SegmentLog, self.folder, _segment_bytes(self.retention), numbers)
         self.disk_count = self.log.unread_count
         self.disk_bytes = self.log.unread_bytes
         # What the log holds, per publisher, is every message of this queue from its first to its last
-        # there (a spill keeps the queue's order, and a record leaves only once acknowledged): the
-        # numbers the peer's holdings and the next messages are measured against. What came before
-        # its first may be missing (it was in memory).
+        # there (a spill keeps the queue's order, and a record leaves only once acknowledged), except
+        # where a record names a predecessor past the publisher's record before it: a hole the copy was
+        # told of while it ran (its floor and ``lacks``, in memory only), which it still lacks. Before,
+        # recovery forgot it: the copy counted itself caught up and a subscriber moved here was told as
+        # a gap what the peer held (chaos seed 223254). What came before its first may be missing too
+        # (it was in memory).
         self.last_enqueued.update(last)
         for publisher, seq in first.items():
             self.may_lack(publisher, seq - 1)
+        for publisher, prev in holes.items():
+            self.may_lack(publisher, prev)
 
     # ------------------------------------------------------------- enqueue --
     @property
