@@ -1036,12 +1036,7 @@ class Broker:
         took the whole hole, also one the publisher never sends to: its subscriber never acknowledges that
         publisher, so the copy stayed behind (caught_up false: every failover waited
         FAILOVER_BEHIND_AFTER_SECONDS) and a switchover to it waited at step 2, for good (chaos seed 476376
-        with the subscription churn).
-
-        The same bound is what the copy's next message of that publisher names as its predecessor while
-        it has not come (``hole_marks``): before, it named the hole's end in every copy, and the subscriber
-        of a copy none of the hole's messages were for (a filter, another topic) was told a gap that never
-        was."""
+        with the subscription churn)."""
         for topic in self.topics.values():
             for queue in topic.queue_list:
                 held = self._peer_holdings.get((queue.spec.topic, queue.spec.subscriber_id))
@@ -1052,7 +1047,6 @@ class Broker:
                         bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
                     if bound:
                         queue.may_lack(publisher_id, bound)
-                    queue.bound_hole(publisher_id, bound)
         self._unmarked = {}
 
     def lacks_unmarked(self, position: dict[str, int]) -> bool:

@@ -939,23 +939,6 @@ class SubscriptionQueue:
             self.lacks[publisher] = seq
         return raised
 
-    def bound_hole(self, publisher: str, bound: int) -> None:
-        """``publisher`` resumed after a hole of which this copy lacks at most ``bound`` (the peer's
-        holdings, Broker._mark_holes): if its next message has not come yet, it names as its predecessor
-        the higher of what the copy held before the hole and ``bound``, not the hole's end."""
-        mark = self.hole_marks.get(publisher)
-        if mark is None or self.last_enqueued.get(publisher) != mark[1]:
-            return  # no hole here, or a message of the publisher came after it
-        before, _ = mark
-        told = max(before, bound)
-        if told >= mark[1]:
-            return
-        self.hole_marks[publisher] = (before, told)
-        if told:
-            self.last_enqueued[publisher] = told
-        else:
-            del self.last_enqueued[publisher]  # as before the hole: held nothing of it
-
     def lacks_after(self, position: dict[str, int]) -> bool:
         """Whether this copy may lack a message after ``position`` (the peer's holdings said it has
         messages this copy was away for)."""
