@@ -868,3 +868,36 @@ async def test_a_hole_inside_a_spilled_copy_is_still_lacked_after_a_restart(tmp_
             assert not again.caught_up
         finally:
             await again.close()
+
+
+@pytest.mark.parametrize("healed_first", [False, True])
+async def test_a_hole_the_peer_lost_in_a_crash_is_still_told(tmp_path: Path, healed_first: bool) -> None:
+    """A review's schedules against a mend tried and reverted (lowering the predecessor a hole's next
+    message names to what the peer's holdings say it holds): the active acknowledges 4-6 alone, in memory,
+    and is killed, before or after the link heals; its new holdings hold nothing of them. The next message
+    on the standby must still name 6, so the subscriber is told 4-6 are gone (holdings say what the peer
+    holds now: they cannot tell a hole none of which was for a copy from one the peer lost)."""
+    async with (
+        _pair(tmp_path, peer_timeout_ms="50") as (active, standby, to_standby, to_active),
+        _acknowledged_through_3(active, standby, to_standby, to_active),
+    ):
+        await asyncio.sleep(0.2)  # the standby no longer hears the active
+        await _publish(active, 4, 3)  # acknowledged alone, in memory only
+        standby.resume_publisher("p", standby.publisher("p"), 7)
+        if healed_first:
+            for _ in range(3):  # heard again: the active's holdings (p: 6) bound the hole
+                await to_active.step()
+                await to_standby.step()
+        again = await _restarted(active, tmp_path)  # killed: 4-6 gone with its memory
+        links = _Link(again, standby), _Link(standby, again)
+        try:
+            for _ in range(3):
+                for link in links:
+                    await link.step()
+            await _publish(standby, 7, 1)
+            told = standby.queue("prices", "idle").memory[-1].prev
+            assert told >= 6, f"7 names {told} as its predecessor: 4-6, acknowledged and lost, are not told"
+        finally:
+            for link in links:
+                await link.close()
+            await again.close()
