@@ -49,6 +49,9 @@ CHURN_RPC_SECONDS = 2.0
 CHURN_SURE = ("OK", "NOT_FOUND", "ALREADY_EXISTS", "FAILED_PRECONDITION")
 # How long, after the drain, the two brokers have to come to hold the same churn subscriptions.
 CHURN_SETTLE_SECONDS = 20.0
+# The brokers' SUBSCRIPTION_EXPIRY: churn subscriptions (nobody attached) expire during a run, amid the
+# faults and calls; the harness's own subscribers are never away from their broker for this long.
+CHURN_EXPIRY_SECONDS = 20.0
 ROLE_POLL_SECONDS = 0.05
 ROLE_RPC_SECONDS = 0.2
 # How long the fault meant to overlap a migration waits for the monitor to have moved the slow
@@ -83,6 +86,7 @@ BROKER_SETTINGS = {
     # caught_up while the slow subscriber is away, and a broker fault then is outside the
     # failure model (docs/broker.md, known limits), so the migration could never overlap a fault.
     "SOKUTATSU_BROKER_AWAY_TAIL": str(64 * 2**20),
+    "SOKUTATSU_BROKER_SUBSCRIPTION_EXPIRY": f"{CHURN_EXPIRY_SECONDS:g}s",
 }
 MONITOR_SETTINGS = {
     # Migrate within a second or two of turning slow (the budget holds ~150 messages), back soon after.
@@ -630,7 +634,10 @@ class ScheduleRun:
     async def churn_check(self) -> dict[str, Any]:
         """After the drain: both brokers must come to hold the same churn subscriptions (bounded wait),
         and a subscription whose last call went to both brokers and was answered OK by both must be held
-        (created) or not (deleted), when no call on it had an unknown outcome."""
+        (created) or not (deleted), when no call on it had an unknown outcome. A creation may have expired
+        since (either is right) once CHURN_EXPIRY_SECONDS have passed from the first of the creations that
+        end its calls (a creation of one that exists is refused; expiry counts from the copy's making, never
+        earlier than its call)."""
         started = time.monotonic()
         held: dict[str, list[str] | None] = {}
         while True:
@@ -642,13 +649,22 @@ class ScheduleRun:
         calls: dict[str, list[dict[str, Any]]] = {}
         for call in self.churn_log:
             calls.setdefault(call["name"], []).append(call)
+        now = self.now()
         expected: dict[str, bool] = {}
         for name, made in calls.items():
             if any(call.get(b, "OK") not in CHURN_SURE for call in made for b in BROKERS):
                 continue  # a call whose outcome is unknown may still have been applied
             last = made[-1]
-            if all(last.get(b) == "OK" for b in BROKERS):
-                expected[name] = last["operation"] == "create"
+            if not all(last.get(b) == "OK" for b in BROKERS):
+                continue
+            if last["operation"] == "create":
+                first = len(made) - 1
+                while first and made[first - 1]["operation"] == "create":
+                    first -= 1
+                if now - made[first]["t"] >= CHURN_EXPIRY_SECONDS:
+                    continue  # it may have expired since
+            expected[name] = last["operation"] == "create"
+        stats = {b: await self.cluster.stats(b) for b in BROKERS}
         wrong = sorted(
             name
             for name, want in expected.items()
@@ -660,6 +676,8 @@ class ScheduleRun:
             "waited_s": round(time.monotonic() - started, 2),
             "expected": expected,
             "wrong": wrong,
+            # Expiries each broker made since its last start (a restart resets the count).
+            "expired": {b: (reply.subscriptions_expired if reply else None) for b, reply in stats.items()},
         }
 
     async def drain(self) -> dict[str, Any]:
