@@ -43,6 +43,10 @@ SLOW_SECONDS = 1.0
 SETTLE_SECONDS = 0.2  # for a call sent to reach the node; far less than SLOW_SECONDS
 # A trigger refuses one body with SQLSTATE 22023 (a data exception: the request's own values).
 POISON = b"poison"
+# Its insert waits for an advisory lock the test holds: the group's transaction stays open, its COMMIT
+# not yet run, until the test ends the connection.
+HOLD = b"hold"
+HOLD_LOCK = 4242
 _TRIGGER = f"""
 CREATE FUNCTION test_bodies() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -51,6 +55,9 @@ BEGIN
     END IF;
     IF NEW.body = '\\x736c6f77'::bytea THEN
         PERFORM pg_sleep({SLOW_SECONDS});
+    END IF;
+    IF NEW.body = '\\x686f6c64'::bytea THEN
+        PERFORM pg_advisory_xact_lock({HOLD_LOCK});
     END IF;
     RETURN NEW;
 END $$;
@@ -99,6 +106,18 @@ async def _slow_group(queues: Stub) -> asyncio.Future[EnqueueResponse]:
 def _largest_group(proc: ServiceProc) -> int:
     sizes = [int(n) for n in re.findall(r"group commit: (\d+) calls in one transaction", proc.output())]
     return max(sizes, default=1)
+
+
+async def _until_waiting_for_the_lock(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Until a transaction waits for HOLD_LOCK (bounded: only stops a hung test)."""
+    for _ in range(600):
+        waiting = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted", (HOLD_LOCK,)
+        ).fetchone()
+        if waiting and waiting[0]:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no transaction came to wait for the test's lock")
 
 
 def _bodies(dsn: str) -> list[bytes]:
@@ -182,24 +201,36 @@ async def test_a_lease_two_calls_of_a_group_ack_is_acked_for_one_of_them(queues:
 async def test_a_group_the_database_does_not_answer_fails_every_call_unavailable_and_stores_none(
     node: tuple[ServiceProc, str], queues: Stub
 ) -> None:
-    _, dsn = node
+    """The calls wait for the slow group and form the next one; its insert of HOLD waits for a lock the
+    test holds, so its transaction is open and its COMMIT not run when every other connection to the
+    database ends. Every call gets UNAVAILABLE saying its messages may or may not be stored (the node
+    cannot tell a COMMIT that never ran from one whose answer was lost), and none is.
+
+    Before (found by a fresh-clone CI run, 2026-11-29), the test ended the connections while the slow
+    group slept, meaning to break the ones the next group would take; the next group sometimes started
+    on a connection whose end was still on its way, committed, and only then lost it: the calls got
+    UNAVAILABLE and all twelve messages were stored. That outcome is the one invariant 4 allows (a COMMIT
+    sent may have committed), so the schedule is now fixed: the group is held open before the end."""
+    proc, dsn = node
     await _enqueue(queues, b"before")
-    slow = await _slow_group(queues)
-    calls = [asyncio.ensure_future(_enqueue(queues, f"lost-{c}".encode())) for c in range(CALLS)]
-    await asyncio.sleep(SETTLE_SECONDS)  # the calls wait for the slow group; no transaction of theirs is open
     with psycopg.connect(dsn, autocommit=True) as conn:
-        # Every other connection to the node's database ends: the pooled ones the next group will use.
+        conn.execute("SELECT pg_advisory_lock(%s)", (HOLD_LOCK,))
+        slow = await _slow_group(queues)
+        bodies = [HOLD, *(f"lost-{c}".encode() for c in range(CALLS - 1))]
+        calls = [asyncio.ensure_future(_enqueue(queues, body)) for body in bodies]
+        await _until_waiting_for_the_lock(conn)
+        # Every other connection to the node's database ends: the held group's, and the pooled ones.
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-    with pytest.raises(aio.AioRpcError):
-        await slow  # its connection ended too
-    results = await asyncio.gather(*calls, return_exceptions=True)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    await asyncio.gather(slow, return_exceptions=True)
+    assert _largest_group(proc) == CALLS, f"the calls did not form one group: {proc.output()}"
     codes = {r.code() if isinstance(r, aio.AioRpcError) else type(r).__name__ for r in results}
     assert codes == {grpc.StatusCode.UNAVAILABLE}, results
     details = {r.details() for r in results if isinstance(r, aio.AioRpcError)}
-    assert all("does not answer" in (d or "") for d in details), details
+    assert all("does not answer" in (d or "") and "may or may not be stored" in (d or "") for d in details), details
     assert _bodies(dsn) == [b"before"]  # none of the group was stored
     retried: list[grpc.StatusCode] = []
     for _ in range(20):  # the pool replaces the broken connections (bounded: only stops a hung test)

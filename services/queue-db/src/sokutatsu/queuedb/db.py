@@ -121,6 +121,18 @@ class Database:
             )
         return exc
 
+    def status_of_a_commit(self, exc: psycopg.Error) -> Exception:
+        """``status`` of a failure of a transaction whose ``COMMIT`` may have been sent: when the
+        database stopped answering then, it may or may not have committed, and the message says so
+        (a caller that sends the call again may store it twice)."""
+        error = self.status(exc)
+        if isinstance(error, Unavailable) and not answered(exc):
+            return Unavailable(
+                f"{self.where} does not answer ({_kind(exc)}) and its COMMIT may have been sent: the call's "
+                "messages may or may not be stored; check before sending it again if a second copy matters"
+            )
+        return error
+
 
 def _kind(exc: psycopg.Error) -> str:
     """What went wrong, without the driver's text (which may name the user or the database)."""

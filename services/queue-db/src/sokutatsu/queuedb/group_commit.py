@@ -29,7 +29,8 @@ The invariants, kept here and nowhere else:
 4. **A failed group fails every call in it.** When the database does not answer (the connection
    broke, the server went away, no connection within the pool's timeout), every call of the group
    gets ``UNAVAILABLE``; a ``COMMIT`` sent then may or may not have committed, so its calls are
-   never run again here (that could store them twice).
+   never run again here (that could store them twice), and the status says they may or may not be
+   stored (``Database.status_of_a_commit``; no connection at all: nothing was sent, "retry later").
 5. **One statement per queue and kind.** The calls of a group into one queue go as one statement:
    their messages one after another (each caller's ids are a contiguous slice, in its order), or
    their lease ids in one array. A lease id two calls of a group both give is acked for the first.
@@ -346,7 +347,7 @@ class GroupCommit:
         except psycopg.Error as exc:
             if answered(exc):
                 raise _Refused(self.db.status(exc)) from None
-            raise self.db.status(exc) from None
+            raise self.db.status_of_a_commit(exc) from None  # invariant 4
         by_call = {id(c): o for s in statements for c, o in zip(s.calls, s.outcomes, strict=True)}
         return [by_call[id(c)] for c in calls]
 
