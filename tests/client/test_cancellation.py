@@ -1,10 +1,19 @@
-"""A task cancelled while it awaits the SDK stops: the SDK never swallows a cancellation."""
+"""Cancellation in the SDK: a task cancelled while it awaits the SDK stops (the SDK never swallows a
+cancellation), and the SDK's own cancellations are not reported as a broker's answer."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
+import grpc
+from grpc import aio
+
+from sokutatsu.broker.v1 import broker_pb2
+from sokutatsu.client import Publisher
 from sokutatsu.client._accumulator import Accumulator
+from sokutatsu.client.config import ClientConfig
 
 
 async def test_a_publish_cancelled_as_its_acknowledgement_arrives_is_cancelled() -> None:
@@ -26,3 +35,62 @@ async def test_a_publish_cancelled_as_its_acknowledgement_arrives_is_cancelled()
             continue
         swallowed += 1
     assert swallowed == 0, f"the cancellation was swallowed {swallowed} times of 50"
+
+
+class _Refuses:
+    """A Broker/Publish endpoint that refuses every stream RESOURCE_EXHAUSTED (as a broker whose
+    MAX_STREAMS_PER_CLIENT the client's principal has reached)."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    async def publish(
+        self, requests: AsyncIterator[broker_pb2.PublishRequest], context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[broker_pb2.PublishResponse]:
+        self.opened += 1
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the principal already holds 1 stream")
+        yield broker_pb2.PublishResponse()  # pragma: no cover - makes this an async generator
+
+    async def serve(self) -> tuple[aio.Server, str]:
+        server = aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(
+            self.publish,
+            request_deserializer=broker_pb2.PublishRequest.FromString,
+            response_serializer=broker_pb2.PublishResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("sokutatsu.broker.v1.Broker", {"Publish": handler}),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, f"127.0.0.1:{port}"
+
+
+async def test_a_publisher_closed_as_a_stream_opens_keeps_the_broker_s_refusal_as_its_last_error() -> None:
+    """Found by a fresh-clone CI run (tests/security/test_limits.py): ``start()`` gave up on a broker that
+    refused its stream and said "CANCELLED: Locally cancelled by application!" instead of the refusal.
+    With a token the channel has an interceptor, and the link's first write awaits the interceptors'
+    task; closing cancels the link there, and grpc.aio then cancels that task, turns the cancellation
+    into "RPC already finished", and reports the call as cancelled locally. The link took that for the
+    stream's failure. Here the close lands exactly there: the link is woken for its next attempt and runs
+    to its first wait before the close."""
+    broker = _Refuses()
+    server, address = await broker.serve()
+    config = ClientConfig(token="token-of-p")  # noqa: S106 - a test's token: the channel gets an interceptor
+    publisher = Publisher(address, "p", config=config, connect_timeout=30)
+    starting = asyncio.create_task(publisher.start())
+    try:
+        link = publisher._links[0]
+        for _ in range(1000):  # bounded: only stops a hung test
+            if link.last_error:
+                break
+            await asyncio.sleep(0.01)
+        assert link.last_error.startswith("RESOURCE_EXHAUSTED"), link.last_error
+        link.reconnect_now.set()
+        await asyncio.sleep(0)  # the link wakes and opens its next stream: its write awaits the interceptors
+        await publisher.close()
+    finally:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await server.stop(None)
+    assert link.last_error == "RESOURCE_EXHAUSTED: the principal already holds 1 stream", link.last_error

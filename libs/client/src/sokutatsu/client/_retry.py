@@ -71,10 +71,24 @@ async def write_frame(call: aio.StreamStreamCall[Any, Any], frame: object) -> No
     """Write one frame; a call that has already ended raises its status, as a read would.
 
     grpc.aio raises ``asyncio.InvalidStateError`` ("RPC already finished"), not the status,
-    for a write after the call ended, e.g. when the broker died between two writes.
+    for a write after the call ended, e.g. when the broker died between two writes. It raises the
+    same for this task's own cancellation when the write awaited the call's interceptors (a channel
+    with a token): it cancels their task, swallows the CancelledError and reports the call as
+    "Locally cancelled by application!". That is re-raised as the cancellation it is; before, a
+    Publisher closed then took it for the broker's answer (start() said CANCELLED, not why the
+    broker refused: a fresh-clone CI run).
     """
     try:
         await call.write(frame)
     except asyncio.InvalidStateError:
+        cancelled_in_write()
         await raise_status(call)
         raise StreamEnded from None
+
+
+def cancelled_in_write() -> None:
+    """After a write raised ``asyncio.InvalidStateError``: raise the cancellation grpc.aio swallowed,
+    if this task's cancellation is what ended the write (:func:`write_frame`)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

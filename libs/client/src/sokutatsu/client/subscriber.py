@@ -33,7 +33,15 @@ from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.client._link import CHANNEL_OPTIONS
-from sokutatsu.client._retry import RECONNECT_CODES, Backoff, StreamEnded, raise_status, reconnectable, write_frame
+from sokutatsu.client._retry import (
+    RECONNECT_CODES,
+    Backoff,
+    StreamEnded,
+    cancelled_in_write,
+    raise_status,
+    reconnectable,
+    write_frame,
+)
 from sokutatsu.client._subscription import Mode, Policy, find_gaps, subscription_message, to_message
 from sokutatsu.client._tracing import tracing_on
 from sokutatsu.client.config import ClientConfig
@@ -443,5 +451,9 @@ class Subscriber:
 
 async def _write_quietly(call: _SubscribeCall, frame: broker_pb2.SubscribeRequest) -> None:
     # If the stream is gone, the next one starts from the received position.
-    with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+    try:
         await call.write(frame)
+    except asyncio.InvalidStateError:
+        cancelled_in_write()  # a cancellation of this task that grpc.aio swallowed is one
+    except (aio.AioRpcError, aio.UsageError):
+        pass
