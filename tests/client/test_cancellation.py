@@ -4,15 +4,18 @@ cancellation), and the SDK's own cancellations are not reported as a broker's an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 from grpc import aio
 
 from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client import Publisher
 from sokutatsu.client._accumulator import Accumulator
+from sokutatsu.client._retry import write_frame
 from sokutatsu.client.config import ClientConfig
 
 
@@ -94,3 +97,36 @@ async def test_a_publisher_closed_as_a_stream_opens_keeps_the_broker_s_refusal_a
         await asyncio.gather(starting, return_exceptions=True)
         await server.stop(None)
     assert link.last_error == "RESOURCE_EXHAUSTED: the principal already holds 1 stream", link.last_error
+
+
+async def _fails() -> None:
+    raise ValueError("a child of the link's task group failed (a broken stream)")
+
+
+async def test_a_write_on_an_ended_stream_after_a_failed_task_group_is_not_a_cancellation() -> None:
+    """A review's schedule against the first form of the mend above: on Python 3.11 a TaskGroup whose
+    child failed leaves ``cancelling()`` raised in its parent (the link's task after any broken
+    stream), and the mend read that as a cancellation: the next write on a stream that had already
+    ended raised CancelledError, and a publisher link with a token died for good without a word. A
+    write that ends on a finished stream raises the stream's status, whatever ``cancelling()`` said
+    before it."""
+    broker = _Refuses()
+    server, address = await broker.serve()
+    try:
+        with contextlib.suppress(ExceptionGroup):
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_fails())
+        config = ClientConfig(token="token-of-p")  # noqa: S106 - a test's token: the channel gets an interceptor
+        async with config.channel(address) as channel:
+            call = channel.stream_stream(
+                "/sokutatsu.broker.v1.Broker/Publish",
+                request_serializer=broker_pb2.PublishRequest.SerializeToString,
+                response_deserializer=broker_pb2.PublishResponse.FromString,
+            )()
+            assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # the stream has ended
+            frame = broker_pb2.PublishRequest(open=broker_pb2.PublishOpen(publisher_id="p", first_unacked_seq=1))
+            with pytest.raises(aio.AioRpcError) as raised:
+                await write_frame(call, frame)
+            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(None)

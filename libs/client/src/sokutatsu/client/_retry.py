@@ -71,24 +71,31 @@ async def write_frame(call: aio.StreamStreamCall[Any, Any], frame: object) -> No
     """Write one frame; a call that has already ended raises its status, as a read would.
 
     grpc.aio raises ``asyncio.InvalidStateError`` ("RPC already finished"), not the status,
-    for a write after the call ended, e.g. when the broker died between two writes. It raises the
-    same for this task's own cancellation when the write awaited the call's interceptors (a channel
-    with a token): it cancels their task, swallows the CancelledError and reports the call as
-    "Locally cancelled by application!". That is re-raised as the cancellation it is; before, a
-    Publisher closed then took it for the broker's answer (start() said CANCELLED, not why the
-    broker refused: a fresh-clone CI run).
+    for a write after the call ended, e.g. when the broker died between two writes.
     """
     try:
-        await call.write(frame)
+        await write_or_cancel(call, frame)
     except asyncio.InvalidStateError:
-        cancelled_in_write()
         await raise_status(call)
         raise StreamEnded from None
 
 
-def cancelled_in_write() -> None:
-    """After a write raised ``asyncio.InvalidStateError``: raise the cancellation grpc.aio swallowed,
-    if this task's cancellation is what ended the write (:func:`write_frame`)."""
+async def write_or_cancel(call: aio.StreamStreamCall[Any, Any], frame: object) -> None:
+    """``call.write(frame)``, with this task's cancellation raised as one.
+
+    grpc.aio swallows a cancellation that reaches a write while it awaits the call's interceptors (a
+    channel with a token): it cancels their task, raises ``InvalidStateError`` and reports the call
+    "Locally cancelled by application!". Before, a Publisher closed then took that for the broker's
+    answer (start() said CANCELLED, not why the broker refused: a fresh-clone CI run). A cancellation
+    is told by a request that came during the write: Python 3.11's TaskGroup leaves ``cancelling()``
+    raised in a task whose child failed, so its value alone does not say (a review found the links
+    of a publisher with a token dying after a broken stream when it did).
+    """
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    before = task.cancelling() if task is not None else 0
+    try:
+        await call.write(frame)
+    except asyncio.InvalidStateError:
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError from None
+        raise

@@ -37,10 +37,10 @@ from sokutatsu.client._retry import (
     RECONNECT_CODES,
     Backoff,
     StreamEnded,
-    cancelled_in_write,
     raise_status,
     reconnectable,
     write_frame,
+    write_or_cancel,
 )
 from sokutatsu.client._subscription import Mode, Policy, find_gaps, subscription_message, to_message
 from sokutatsu.client._tracing import tracing_on
@@ -451,9 +451,5 @@ class Subscriber:
 
 async def _write_quietly(call: _SubscribeCall, frame: broker_pb2.SubscribeRequest) -> None:
     # If the stream is gone, the next one starts from the received position.
-    try:
-        await call.write(frame)
-    except asyncio.InvalidStateError:
-        cancelled_in_write()  # a cancellation of this task that grpc.aio swallowed is one
-    except (aio.AioRpcError, aio.UsageError):
-        pass
+    with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+        await write_or_cancel(call, frame)

@@ -129,7 +129,8 @@ class Database:
         if isinstance(error, Unavailable) and not answered(exc):
             return Unavailable(
                 f"{self.where} does not answer ({_kind(exc)}) and its COMMIT may have been sent: the call's "
-                "messages may or may not be stored; check before sending it again if a second copy matters"
+                "writes (messages enqueued, leases acked) may or may not be stored; check before sending it "
+                "again if doing it twice matters"
             )
         return error
 
