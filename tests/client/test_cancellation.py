@@ -17,6 +17,7 @@ from sokutatsu.client import Publisher
 from sokutatsu.client._accumulator import Accumulator
 from sokutatsu.client._retry import write_frame
 from sokutatsu.client.config import ClientConfig
+from tests.client.fake_broker import serve_stream
 
 
 async def test_a_publish_cancelled_as_its_acknowledgement_arrives_is_cancelled() -> None:
@@ -55,18 +56,7 @@ class _Refuses:
         yield broker_pb2.PublishResponse()  # pragma: no cover - makes this an async generator
 
     async def serve(self) -> tuple[aio.Server, str]:
-        server = aio.server()
-        handler = grpc.stream_stream_rpc_method_handler(
-            self.publish,
-            request_deserializer=broker_pb2.PublishRequest.FromString,
-            response_serializer=broker_pb2.PublishResponse.SerializeToString,
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("sokutatsu.broker.v1.Broker", {"Publish": handler}),)
-        )
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, f"127.0.0.1:{port}"
+        return await serve_stream("Publish", self.publish, broker_pb2.PublishRequest, broker_pb2.PublishResponse)
 
 
 async def test_a_publisher_closed_as_a_stream_opens_keeps_the_broker_s_refusal_as_its_last_error() -> None:

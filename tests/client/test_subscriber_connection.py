@@ -8,7 +8,6 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
 import pytest
 from grpc import aio
 
@@ -16,6 +15,7 @@ from sokutatsu.broker.v1 import broker_pb2
 from sokutatsu.client import BufferFull, Closed, Message, Publisher, Subscriber, SubscriberConnection
 from tests.broker.fix_broker import BrokerProcess, Pair, stats, subscriber_stats, until
 from tests.broker.test_pair import TOPIC, switch
+from tests.client.fake_broker import serve_stream
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -182,18 +182,9 @@ class ManyOpens:
                     yield broker_pb2.SubscribeManyResponse(frames=self.reply(frame.id))
 
     async def serve(self) -> tuple[aio.Server, str]:
-        server = aio.server()
-        handler = grpc.stream_stream_rpc_method_handler(
-            self.subscribe_many,
-            request_deserializer=broker_pb2.SubscribeManyRequest.FromString,
-            response_serializer=broker_pb2.SubscribeManyResponse.SerializeToString,
+        return await serve_stream(
+            "SubscribeMany", self.subscribe_many, broker_pb2.SubscribeManyRequest, broker_pb2.SubscribeManyResponse
         )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("sokutatsu.broker.v1.Broker", {"SubscribeMany": handler}),)
-        )
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, f"127.0.0.1:{port}"
 
 
 async def test_on_a_shared_stream_the_open_after_a_redirect_says_so_and_no_other_does() -> None:
