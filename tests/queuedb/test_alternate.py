@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 from grpc import aio
@@ -202,6 +203,28 @@ async def test_an_unreachable_receiver_makes_the_sender_flush_every_message_and_
     pair.daemon.start()
     await _until(lambda: _received(pair) == [b"c", b"d", b"e", b"f"], "the transfer", pair)
     await _until(lambda: _outbox(pair) == [], "node 1 to forget what node 2 flushed", pair)
+
+
+async def test_an_enqueue_whose_own_flush_fails_is_told_its_messages_may_or_may_not_be_stored(
+    pair: Pair, client: queuedb_pb2_grpc.QueueServiceAsyncStub
+) -> None:
+    """A review's schedule: on the receiver's turn the call's messages are committed on node 1 without
+    the flush; node 2 never confirms them, and node 1's database goes away before node 1 flushes them
+    itself. The call was told "retry later", though its messages may be stored (the commit ran; only
+    the flush failed) and a retry may then store them twice. It is told they may or may not be."""
+    pair.service1.env["SOKUTATSU_QUEUEDB_ALTERNATE_WAIT_MS"] = "3000"
+    pair.service2.start()
+    pair.service1.start()  # no transfer daemon: node 2 never confirms anything
+    await _create_alternating(client)
+    await _enqueue(client, b"c")  # the sender's turn: flushed before the answer
+    receivers = asyncio.ensure_future(_enqueue(client, b"d"))  # the receiver's turn: waits for node 2
+    await _until(lambda: [body for body, _ in _outbox(pair)] == [b"c", b"d"], "d committed unflushed", pair)
+    pair.node1.kill9()  # before node 1's own flush of d (ALTERNATE_WAIT_MS after the commit)
+    with pytest.raises(aio.AioRpcError) as raised:
+        await receivers
+    pair.node1.restart()
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, raised.value
+    assert "may or may not be stored" in (raised.value.details() or ""), raised.value.details()
 
 
 VICTIMS = ("node1-postgres", "node2-postgres", "node1-service", "node2-service", "transfer-daemon")

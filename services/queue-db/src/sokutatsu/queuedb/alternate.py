@@ -97,8 +97,17 @@ class Turns:
                 DOWN_SECONDS,
             )
             late = [i for i, f in zip(ids, futures, strict=True) if not f.done()]
-            async with self.db.transaction() as conn:  # committed with the flush, the insert's WAL too
-                flushed = await transfer.set_flush(conn, FLUSH_SENDER, late)
+            try:
+                async with self.db.transaction() as conn:  # committed with the flush, the insert's WAL too
+                    flushed = await transfer.set_flush(conn, FLUSH_SENDER, late)
+            except Unavailable as exc:
+                # The call's messages are committed here (unflushed): kept unless this node's database
+                # crashed first. "Retry later" would invite a second copy (a review found it said so).
+                raise Unavailable(
+                    f"{str(exc).removesuffix('; retry later')} while flushing the call's messages, which are "
+                    f"committed on this node but neither confirmed by node {node} nor flushed here: they may or "
+                    "may not be stored; check before sending it again if doing it twice matters"
+                ) from None
             gone = [f for i, f in zip(ids, futures, strict=True) if i in set(late) - flushed]
             if gone:
                 # Left the outbox meanwhile: confirmed (the NOTIFY is on its way), or lost with a restart
