@@ -102,11 +102,12 @@ class Turns:
                     flushed = await transfer.set_flush(conn, FLUSH_SENDER, late)
             except Unavailable as exc:
                 # The call's messages are committed here (unflushed): kept unless this node's database
-                # crashed first. "Retry later" would invite a second copy (a review found it said so).
+                # crashed first. Its "retry later" would invite a second copy (a review found it said so).
+                log.warning("flushing %d messages for node %s failed: %s", len(late), node, exc)
                 raise Unavailable(
-                    f"{str(exc).removesuffix('; retry later')} while flushing the call's messages, which are "
-                    f"committed on this node but neither confirmed by node {node} nor flushed here: they may or "
-                    "may not be stored; check before sending it again if doing it twice matters"
+                    f"{self.db.where} could not flush the call's messages, which are committed on this node "
+                    f"but neither confirmed by node {node} nor flushed: they may or may not be stored; check "
+                    "before sending it again if doing it twice matters"
                 ) from None
             gone = [f for i, f in zip(ids, futures, strict=True) if i in set(late) - flushed]
             if gone:
