@@ -11,6 +11,8 @@ import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, Usage
@@ -195,37 +197,72 @@ async def test_a_reclaiming_broker_asks_for_what_its_log_lacks_not_from_where_a_
     after a publisher came back and said where it continues (``PublishOpen.first_unacked_seq``,
     which raises the queue's last number). Before, they named the resume point, the peer filled in
     only after it, and the subscriber lost what the peer had acknowledged alone in between (2 of 5
-    runs of the process test with 300 messages published while the standby was down). A broker in
-    this process, on a state folder: it serves desk (spilled to disk, 1 to 20), stops; a second one
-    starts there as the restarted standby."""
+    runs of the process test with 300 messages published while the standby was down)."""
+    async with _running_disk() as disk, _reclaiming_broker(tmp_path, disk) as second:
+        second.resume_publisher("p", second.publisher("p"), 51)  # 21..50 acknowledged by the peer alone
+        (held,) = second.holdings()
+        assert held.reclaims
+        assert dict(held.last_enqueued.last_seq) == {"p": 20}
+
+
+@contextlib.asynccontextmanager
+async def _reclaiming_broker(folder: Path, disk: DiskWorker) -> AsyncIterator[Broker]:
+    """A broker in this process, on a state folder: it serves desk (spilled to disk, 1 to 20), stops;
+    the one yielded starts there as the restarted standby, reclaiming desk."""
     env = {
-        "SOKUTATSU_BROKER_STATE_DIR": str(tmp_path),
+        "SOKUTATSU_BROKER_STATE_DIR": str(folder),
         "SOKUTATSU_BROKER_ROLE": "standby",
         "SOKUTATSU_BROKER_INSTANCE": "broker-b",
         "SOKUTATSU_BROKER_PEER": "127.0.0.1:1",
         "SOKUTATSU_BROKER_QUEUE_BUDGET": "1KiB",
     }
     desk = broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
-    async with _running_disk() as disk:
-        first = Broker(load(BrokerSettings, env), disk)
-        await first.open()
-        await first.create_subscription(first.subscription_spec(desk))
-        queue = first.queue("prices", "desk")
-        queue.serve()  # as after AcceptSubscriber: this standby serves desk
-        for seq in range(1, 21):
-            queue.enqueue(_message("p", seq, b"x" * 200))  # over the budget in a few: spilled
-        await queue.written(queue.spill_appended)
-        await first._save_catalog()  # what AcceptSubscriber records on disk
-        assert queue.disk_count == 20
-        await first.close()
+    first = Broker(load(BrokerSettings, env), disk)
+    await first.open()
+    await first.create_subscription(first.subscription_spec(desk))
+    queue = first.queue("prices", "desk")
+    queue.serve()  # as after AcceptSubscriber: this standby serves desk
+    for seq in range(1, 21):
+        queue.enqueue(_message("p", seq, b"x" * 200))  # over the budget in a few: spilled
+    await queue.written(queue.spill_appended)
+    await first._save_catalog()  # what AcceptSubscriber records on disk
+    assert queue.disk_count == 20
+    await first.close()
+    second = Broker(load(BrokerSettings, env), disk)
+    await second.open()
+    assert second.reclaiming == 1
+    try:
+        yield second
+    finally:
+        await second.close()
 
-        second = Broker(load(BrokerSettings, env), disk)
-        await second.open()
-        assert second.reclaiming == 1
-        second.resume_publisher("p", second.publisher("p"), 51)  # 21..50 acknowledged by the peer alone
+
+def _fill(seqs: range) -> broker_pb2.QueueFill:
+    """The peer's fill of desk: ``seqs`` of publisher p, each naming the one before."""
+    items = [broker_pb2.QueueFillItem(previous_seq=seq - 1, message=_message("p", seq).payload) for seq in seqs]
+    return broker_pb2.QueueFill(topic="prices", subscriber_id="desk", items=items, first=True, last=True)
+
+
+@pytest.mark.parametrize("filled_to", [50, 35])
+async def test_holdings_after_a_fill_into_a_hole_say_what_the_fill_brought(tmp_path: Path, filled_to: int) -> None:
+    """A reviewer's note, made a schedule: the reclaiming broker's holdings say 20 while a publisher's
+    hole (21..50, acknowledged by the peer alone) is marked; the peer's fill then brings 21..``filled_to``.
+    The copy holds them, so its holdings say ``filled_to``. Before, a fill that ended exactly at the hole's
+    mark (50) left them saying 20 (the mark's number read as a hole not passed), and one that ended
+    inside it (35) said 20 too: the peer then took this copy for one holding less than it does."""
+    async with _running_disk() as disk, _reclaiming_broker(tmp_path, disk) as second:
+        second.resume_publisher("p", second.publisher("p"), 51)
+        second._apply_fill(_fill(range(21, filled_to + 1)))
+        assert second.reclaiming == 0
+        queue = second.queue("prices", "desk")
+        assert queue.depth == filled_to
         (held,) = second.holdings()
-        assert held.reclaims
-        assert dict(held.last_enqueued.last_seq) == {"p": 20}
+        assert dict(held.last_enqueued.last_seq) == {"p": filled_to}
+        # The publisher resumes again after a second hole (51..80): the mark starts from what is held.
+        second.resume_publisher("p", second.publisher("p"), 81)
+        assert queue.hole_marks == {"p": (filled_to, 80)}
+        (held,) = second.holdings()
+        assert dict(held.last_enqueued.last_seq) == {"p": filled_to}
 
 
 async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepted_meanwhile(tmp_path: Path) -> None:

@@ -105,7 +105,8 @@ class PublisherState:
 def _held_numbers(queue: SubscriptionQueue) -> dict[str, int]:
     """The last number of each publisher put in ``queue`` (of one being reclaimed, the last it holds),
     for its holdings: not the number a publisher's hole raised ``last_enqueued`` to while no message of
-    that publisher has been put here since. Reported, that number made the peer mark the hole in its copy
+    that publisher at or past it has been put here since, but the last one held (``hole_marks``: a peer's
+    fill into the hole raises it). Reported, the raised number made the peer mark the hole in its copy
     too, and a copy on a topic the publisher never sends to stayed behind for good (chaos seed 702424)."""
     numbers = queue.held_back.holds if queue.held_back is not None else queue.last_enqueued
     if not queue.hole_marks:

@@ -193,10 +193,11 @@ class SubscriptionQueue:
         self.held_back: HeldBack | None = None
         self.log: SegmentLog | None = None
         self.last_enqueued: dict[str, int] = {}
-        # Per publisher that resumed after a hole (Broker.resume_publisher): what ``last_enqueued`` held
-        # before, and the number it was raised to so the next message's previous_seq tells the hole.
-        # Until a message of that publisher is put here, the copy does not hold that number: its
-        # holdings say the earlier one (Broker.holdings).
+        # Per publisher that resumed after a hole (Broker.resume_publisher): the last number this copy
+        # holds of it, and the number ``last_enqueued`` was raised to so the next message's previous_seq
+        # tells the hole. While ``last_enqueued`` is that number, the copy does not hold it: its holdings
+        # say the held one (Broker.holdings). A message put here inside the hole (a peer's fill) raises
+        # the held number; one at or past the raised number ends the mark (:meth:`enqueue`).
         self.hole_marks: dict[str, tuple[int, int]] = {}
         self.delivered: dict[str, int] = {}
         self.credits = 0
@@ -298,6 +299,8 @@ class SubscriptionQueue:
             prev = last if last >= 0 else seq - 1 if self.recovered else 0
         item = Item(publisher, seq, prev, msg.payload, msg, -1)
         self.last_enqueued[publisher] = seq
+        if self.hole_marks:
+            self._into_hole(publisher, seq)
         self.memory_bytes += item.size
         to_disk = True
         if self.state == AWAY:
@@ -324,6 +327,17 @@ class SubscriptionQueue:
         if self.attached:
             self._wake()
         return to_disk
+
+    def _into_hole(self, publisher: str, seq: int) -> None:
+        """``publisher``'s ``seq`` was put here: a mark it reaches ends (the copy holds the number
+        ``last_enqueued`` says), one it is inside of holds up to it (a peer's fill into the hole)."""
+        mark = self.hole_marks.get(publisher)
+        if mark is None:
+            return
+        if seq >= mark[1]:
+            del self.hole_marks[publisher]
+        elif seq > mark[0]:
+            self.hole_marks[publisher] = (seq, mark[1])
 
     @property
     def file_bytes(self) -> int:
