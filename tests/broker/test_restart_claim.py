@@ -173,6 +173,45 @@ async def test_a_fill_after_a_hole_in_the_tail_names_its_true_predecessor(tmp_pa
         assert _queued(queue) == [("p", 14, 13), ("p", 15, 14)]
 
 
+async def test_a_fill_ends_what_the_copy_lacked_past_its_log_and_keeps_what_it_lacks_before(tmp_path: Path) -> None:
+    """The recovered log holds p's 5..20 (4 and before may have been in memory only: lacked). While the
+    claim waits, the peer's holdings say it put up to 50 here (``Broker._take_holdings``: lacks 50). Its
+    fill brings 21..50: the copy lacks nothing past its log any more, only what it lacked before its
+    first record. Before, it kept lacking 50 until its subscriber acknowledged 50: an idle subscriber's
+    copy stayed behind, so the broker was never caught up and every failover to it waited
+    FAILOVER_BEHIND_AFTER_SECONDS."""
+    log = SegmentLog(tmp_path)
+    log.append([PREV.pack(seq - 1) + _message("p", seq).payload for seq in range(5, 21)])
+    log.close()
+    async with _queue(tmp_path) as queue:
+        await queue.recover()
+        queue.hold_back()
+        queue.may_lack("p", 50)
+        queue.end_hold_back([(seq - 1, _message("p", seq)) for seq in range(21, 51)])
+        assert queue.lacks == {"p": 4}
+        queue.trim({"p": 4})
+        assert not queue.behind
+
+
+async def test_a_fill_short_of_what_the_copy_lacks_leaves_it_lacking(tmp_path: Path) -> None:
+    """The fill stops at 30 (the peer's holdings said 50 before, and the peer's tail lost the rest, or a
+    later frame will say more): the copy still lacks up to 50. A claim that lapses without a fill leaves
+    what the copy lacks as it was."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 20}
+        queue.hold_back()
+        queue.may_lack("p", 50)
+        queue.end_hold_back([(seq - 1, _message("p", seq)) for seq in range(21, 31)])
+        assert queue.lacks == {"p": 50}
+    async with _queue(tmp_path / "lapsed") as queue:
+        queue.last_enqueued = {"p": 20}
+        queue.hold_back()
+        queue.may_lack("p", 50)
+        queue.end_hold_back()
+        assert queue.lacks == {"p": 50}
+        assert queue.behind
+
+
 async def test_a_queue_dropped_while_it_holds_back_releases_what_it_held(tmp_path: Path) -> None:
     """A subscription deleted (or expired) while its restarted broker settles its claim: the messages
     held back leave the broker's and topic's counts, and the publishes that waited go on."""

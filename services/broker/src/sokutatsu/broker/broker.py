@@ -1310,7 +1310,7 @@ class Broker:
         if queue is None:
             return
         self.holdings_version += 1  # the peer learns it no longer reclaims it (and whether it serves it)
-        filled = queue.end_hold_back(fill or ())
+        filled = queue.end_hold_back(fill)
         if fill is None:
             log.info("%s on %s: not serving it again (%s)", name[1], name[0], why)
             return

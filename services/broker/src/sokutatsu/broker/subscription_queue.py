@@ -113,10 +113,13 @@ def _parse_record(segment: int, record: bytes) -> Item:
 class HeldBack:
     """What a queue holds back (:meth:`SubscriptionQueue.hold_back`)."""
 
-    def __init__(self, holds: dict[str, int]) -> None:
+    def __init__(self, holds: dict[str, int], lacks: dict[str, int]) -> None:
         # Per publisher, the last number the copy holds (its disk) when it began holding back: a
         # publisher that comes back meanwhile raises ``last_enqueued`` past what the peer fills in.
         self.holds = holds
+        # What the copy lacked then (before its log's first record, or a hole inside it): a fill,
+        # which brings what the peer holds after ``holds``, does not bring that.
+        self.lacks = lacks
         self.messages: list[StoredMessage] = []
         # Publishes waiting for their messages to be written (``SubscriptionQueue.written``).
         self.waiters: list[asyncio.Future[None]] = []
@@ -823,13 +826,13 @@ class SubscriptionQueue:
     def hold_back(self) -> None:
         """Hold what arrives until :meth:`end_hold_back` (pair_state.py, invariant 7)."""
         if self.held_back is None:
-            self.held_back = HeldBack(dict(self.last_enqueued))
+            self.held_back = HeldBack(dict(self.last_enqueued), dict(self.lacks))
 
-    def end_hold_back(self, fill: Sequence[tuple[int, StoredMessage]] = ()) -> int:
-        """Queue ``fill`` (``(previous number, message)`` from the peer, oldest first), then what was
-        held back, each message once (what this copy holds already is skipped); and let the
-        publishes that waited go on once their messages are where they wait otherwise. Returns how
-        many of ``fill`` were queued."""
+    def end_hold_back(self, fill: Sequence[tuple[int, StoredMessage]] | None = None) -> int:
+        """Queue ``fill`` (``(previous number, message)`` from the peer, oldest first: all its copy
+        holds after this copy's numbers; None: no fill came), then what was held back, each message
+        once (what this copy holds already is skipped); and let the publishes that waited go on once
+        their messages are where they wait otherwise. Returns how many of ``fill`` were queued."""
         held = self.held_back
         if held is None:
             return 0
@@ -839,9 +842,11 @@ class SubscriptionQueue:
         told = self.last_enqueued
         self.last_enqueued = dict(held.holds)
         filled = self.enqueued_total
-        for prev, msg in fill:
+        for prev, msg in fill or ():
             self.enqueue(msg, prev)  # what the copy holds already is skipped
         filled = self.enqueued_total - filled
+        if fill is not None:
+            self._filled(held.lacks)
         last = self.last_enqueued
         for msg in held.messages:
             hole = told.get(msg.publisher_id, 0)
@@ -940,6 +945,22 @@ class SubscriptionQueue:
             self.state = SHADOW
             return True
         return False
+
+    def _filled(self, lacked_before: dict[str, int]) -> None:
+        """The peer's fill is in. What this copy lacked up to a number it now holds, it holds or tells
+        (each filled message names its true predecessor: what neither copy holds is a gap the
+        subscriber is told), so it lacks no more of it than it did before the claim: what was missing
+        before its log's first record or inside it (``lacked_before``), which the fill does not bring.
+        A lack past what the fill brought stays. Before, every lack stayed until the subscriber
+        acknowledged past it: an idle subscriber's copy stayed behind for good after a reclaim."""
+        last = self.last_enqueued
+        for publisher, seq in list(self.lacks.items()):
+            if seq <= last.get(publisher, 0):
+                before = lacked_before.get(publisher)
+                if before is None:
+                    del self.lacks[publisher]
+                else:
+                    self.lacks[publisher] = before
 
     # -------------------------------------------------------------- shadow --
     def may_lack(self, publisher: str, seq: int) -> bool:
