@@ -74,6 +74,13 @@ def _pair_seen(status: monitor_pb2.MonitorStatus) -> bool:
     }
 
 
+def _pair_linked(status: monitor_pb2.MonitorStatus) -> bool:
+    """The pair seen, and each broker hearing the other: a switchover needs the pair's link (the source
+    refuses to redirect or release a subscriber while it does not hear its peer). Serving is not
+    enough: each broker's stream to the other opens after it starts."""
+    return _pair_seen(status) and all(b.peer_up for b in status.brokers)
+
+
 async def test_without_brokers_it_serves_and_says_why(monitor_factory: Callable[..., MonitorProcess]) -> None:
     monitor = monitor_factory(brokers=_closed_ports())
     monitor.start()
@@ -231,7 +238,7 @@ async def test_manual_switchover_there_and_back_and_the_status_command(
     monitor = monitor_factory((a, b))
     monitor.start()
     await monitor.until(
-        lambda s: _pair_seen(s) and any(x.broker_id == "broker-a" for x in s.assignments), "desk-1 on broker-a"
+        lambda s: _pair_linked(s) and any(x.broker_id == "broker-a" for x in s.assignments), "desk-1 on broker-a"
     )
     there = await monitor.switchover("desk-1")  # empty to_broker_id: the other broker
     assert (there.from_broker_id, there.to_broker_id, there.reason) == (
