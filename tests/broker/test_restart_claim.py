@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -171,6 +172,102 @@ async def test_a_fill_after_a_hole_in_the_tail_names_its_true_predecessor(tmp_pa
         queue.hold_back()
         queue.end_hold_back([(13, _message("p", 14)), (14, _message("p", 15))])
         assert _queued(queue) == [("p", 14, 13), ("p", 15, 14)]
+
+
+async def test_what_was_held_back_before_the_peers_tail_begins_is_kept(tmp_path: Path) -> None:
+    """Found by a review: held back here 21..30 (both brokers took and acknowledged them); the peer's away
+    copy keeps only a tail, which had dropped 21..25 when it built the fill (more than AWAY_TAIL published
+    during the claim), so the fill starts at 26 naming 25. Before, the fill went in first and 21..25, held
+    here, were skipped as held already: both brokers had acknowledged them and neither kept them (the
+    subscriber was told a gap). What was held back goes in where the fill does not reach."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 20, "q": 5}
+        queue.hold_back()
+        for seq in range(21, 31):
+            queue.enqueue(_message("p", seq))
+        queue.enqueue(_message("q", 6))
+        waiting = queue.written(queue.spill_appended)
+        queue.end_hold_back([(7, _message("q", 8)), *((seq - 1, _message("p", seq)) for seq in range(26, 31))])
+        assert [item for item in _queued(queue) if item[0] == "p"] == [("p", seq, seq - 1) for seq in range(21, 31)]
+        assert [item for item in _queued(queue) if item[0] == "q"] == [("q", 6, 5), ("q", 8, 7)]
+        await asyncio.wait_for(waiting, 5)
+
+
+async def test_two_holes_during_the_claim_are_both_told(tmp_path: Path) -> None:
+    """Found by a review of the test above's mend: this copy holds p up to 10; the publisher resumes at
+    21 (the peer acknowledged 11..20 alone), sends 21 and 22 (held back); its stream breaks, the peer
+    acknowledges 23..30 alone, it resumes at 31 and sends 31, 32. The peer's tail had dropped 11..24:
+    the fill is 25..32. 21 names 20, so 11..20 (which neither broker holds) are told as a gap, and 25
+    names 24. With the mend above but the hole read where the publisher resumed last (30), 21 named 10
+    and 11..20 were never told."""
+    async with _queue(tmp_path) as queue:
+        queue.last_enqueued = {"p": 10}
+        queue.hold_back()
+        queue.last_enqueued["p"] = 20  # Broker.resume_publisher, the first time
+        for seq in (21, 22):
+            queue.enqueue(_message("p", seq))
+        queue.last_enqueued["p"] = 30  # and the second
+        for seq in (31, 32):
+            queue.enqueue(_message("p", seq))
+        queue.end_hold_back([(seq - 1, _message("p", seq)) for seq in range(25, 33)])
+        assert _queued(queue) == [("p", 21, 20), ("p", 22, 21), *(("p", seq, seq - 1) for seq in range(25, 33))]
+
+
+@pytest.mark.parametrize("resumes", [0, 1, 2, 3])
+async def test_random_claims_queue_each_message_once_and_tell_every_gap(tmp_path: Path, resumes: int) -> None:
+    """Random schedules of a claim (a review's model, 300 per case): this copy holds p up to H; during
+    the claim the publisher resumes ``resumes`` times after holes the peer acknowledged alone, sending
+    a few messages here after each; the peer holds everything from 1 to its last but, at random, one
+    range, and its fill is its tail from a random start. Once the claim ends, the copy holds, in order
+    and once each, every message after H that it held back or the fill brought; each message names a
+    predecessor at or past every number missing before it (a gap is told, never missed) and, where
+    nothing is missing, the message before it (no gap told that is not one); each message is held by
+    the queue if queued, and released otherwise."""
+    rng = random.Random(f"claim-{resumes}")  # noqa: S311 - reproducible schedules
+    for trial in range(300):
+        holds = rng.randint(0, 5)
+        seq = holds
+        events: list[tuple[str, int]] = []
+        for _ in range(resumes):
+            seq += rng.randint(0, 6)
+            events.append(("resume", seq))
+            for _ in range(rng.randint(0, 5)):
+                seq += 1
+                events.append(("message", seq))
+        last = seq + rng.randint(0, 4)
+        peer = set(range(1, last + 1))
+        if rng.random() < 0.3 and last > holds + 2:
+            lost_from = rng.randint(holds + 1, last - 1)
+            peer -= set(range(lost_from, rng.randint(lost_from, last - 1) + 1))
+        start = rng.randint(holds + 1, last + 1)
+        fill = [(n - 1, _message("p", n)) for n in sorted(n for n in peer if n >= start)]
+        async with _queue(tmp_path / str(trial)) as queue:
+            queue.last_enqueued = {"p": holds} if holds else {}
+            queue.hold_back()
+            held = []
+            for kind, n in events:
+                if kind == "resume":
+                    queue.last_enqueued["p"] = max(n, queue.last_enqueued.get("p", 0))
+                else:
+                    held.append(_message("p", n))
+                    queue.enqueue(held[-1])
+            queue.end_hold_back(fill)
+            got = _queued(queue)
+            schedule = f"trial {trial}: holds {holds}, {events}, fill from {start} of {sorted(peer)[-1:]}: {got}"
+            numbers = [n for _, n, _ in got]
+            assert numbers == sorted(set(numbers)), schedule
+            assert set(numbers) == {m.seq for m in held} | {m.seq for _, m in fill if m.seq > holds}, schedule
+            before = holds
+            for _, n, prev in got:
+                missing = range(before + 1, n)
+                if missing:
+                    assert prev >= missing[-1], f"a gap not told before {n}; {schedule}"
+                else:
+                    assert prev == before, f"a gap told before {n} that is not one; {schedule}"
+                before = n
+            queued = {id(item.msg) for item in queue.memory}
+            for message in [*held, *(m for _, m in fill)]:
+                assert message.refs == (1 if id(message) in queued else 0), schedule
 
 
 async def test_a_fill_ends_what_the_copy_lacked_past_its_log_and_keeps_what_it_lacks_before(tmp_path: Path) -> None:

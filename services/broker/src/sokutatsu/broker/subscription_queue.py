@@ -120,7 +120,10 @@ class HeldBack:
         # What the copy lacked then (before its log's first record, or a hole inside it): a fill,
         # which brings what the peer holds after ``holds``, does not bring that.
         self.lacks = lacks
-        self.messages: list[StoredMessage] = []
+        # In arrival order, each with its publisher's ``last_enqueued`` as it arrived: what a
+        # resume after a hole (``Broker.resume_publisher``) or a message not kept raised it to, so
+        # the message names that as its predecessor where nothing fills in between.
+        self.messages: list[tuple[StoredMessage, int]] = []
         # Publishes waiting for their messages to be written (``SubscriptionQueue.written``).
         self.waiters: list[asyncio.Future[None]] = []
 
@@ -288,7 +291,7 @@ class SubscriptionQueue:
         (or is held back: :meth:`written` then waits for its turn). ``prev``: its predecessor when
         known (a peer's fill), else the last one queued here."""
         if self.held_back is not None:
-            self.held_back.messages.append(msg)
+            self.held_back.messages.append((msg, self.last_enqueued.get(msg.publisher_id, 0)))
             return True
         publisher = msg.publisher_id
         seq = msg.seq
@@ -830,9 +833,15 @@ class SubscriptionQueue:
 
     def end_hold_back(self, fill: Sequence[tuple[int, StoredMessage]] | None = None) -> int:
         """Queue ``fill`` (``(previous number, message)`` from the peer, oldest first: all its copy
-        holds after this copy's numbers; None: no fill came), then what was held back, each message
-        once (what this copy holds already is skipped); and let the publishes that waited go on once
-        their messages are where they wait otherwise. Returns how many of ``fill`` were queued."""
+        holds after this copy's numbers; None: no fill came) and what was held back, in each
+        publisher's order, each message once (what this copy holds already is skipped); and let the
+        publishes that waited go on once their messages are where they wait otherwise. Returns how
+        many of ``fill`` were queued.
+
+        A held-back message numbered before a filled one of its publisher goes in before it: the
+        peer's away copy keeps only a tail, so its fill may begin after messages both brokers took
+        while the claim waited. Before, the fill went in first and those, held here, were skipped as
+        held already: acknowledged by both, kept by neither (a review's schedule)."""
         held = self.held_back
         if held is None:
             return 0
@@ -840,19 +849,33 @@ class SubscriptionQueue:
         # A publisher that came back meanwhile said where it continues (``Broker.resume_publisher``
         # raised ``last_enqueued``); what the peer fills in below that is what this copy lacks.
         told = self.last_enqueued
-        self.last_enqueued = dict(held.holds)
-        filled = self.enqueued_total
+        self.last_enqueued = last = dict(held.holds)
+        waiting: dict[str, deque[tuple[StoredMessage, int]]] = {}
+        for entry in held.messages:
+            waiting.setdefault(entry[0].publisher_id, deque()).append(entry)
+
+        def put_held(msg: StoredMessage, hole: int) -> None:
+            # ``hole``: where its publisher resumed before it came (a hole neither filled nor held
+            # then: this message tells it). Not where the publisher resumed last: a second hole
+            # during the claim would hide the first (a review's schedule).
+            if msg.seq > hole > last.get(msg.publisher_id, 0):
+                last[msg.publisher_id] = hole
+            self.enqueue(msg)
+
+        filled = 0
         for prev, msg in fill or ():
+            before = waiting.get(msg.publisher_id)
+            while before and before[0][0].seq < msg.seq:
+                put_held(*before.popleft())
+            queued = self.enqueued_total
             self.enqueue(msg, prev)  # what the copy holds already is skipped
-        filled = self.enqueued_total - filled
+            filled += self.enqueued_total - queued
         if fill is not None:
             self._filled(held.lacks)
-        last = self.last_enqueued
-        for msg in held.messages:
-            hole = told.get(msg.publisher_id, 0)
-            if msg.seq > hole > last.get(msg.publisher_id, 0):
-                last[msg.publisher_id] = hole  # a hole neither filled nor held: this message tells it
-            self.enqueue(msg)
+        for entry in held.messages:
+            rest = waiting[entry[0].publisher_id]
+            if rest and rest[0] is entry:
+                put_held(*rest.popleft())
         for publisher, seq in told.items():
             if seq > last.get(publisher, 0):
                 last[publisher] = seq  # the same for the next message of a publisher held none after it
@@ -1081,7 +1104,7 @@ class SubscriptionQueue:
         self.closed = True
         self._wake_spill_waiters(everyone=True)
         if self.held_back is not None:
-            for msg in self.held_back.messages:
+            for msg, _ in self.held_back.messages:
                 msg.release()
             self.held_back = None
         self.clear()
