@@ -401,6 +401,32 @@ async def test_holdings_after_a_fill_into_a_hole_say_what_the_fill_brought(tmp_p
         assert dict(held.last_enqueued.last_seq) == {"p": filled_to}
 
 
+async def test_a_reclaimed_copy_the_fill_completed_is_not_marked_again_by_later_holdings(tmp_path: Path) -> None:
+    """Found by a review: the publisher resumed at 51 while desk was reclaimed; the peer's holdings said 50
+    (the copy may lack 21..50) and its fill brought 21..50, so the copy lacks nothing. The peer's holdings
+    of a later session (after a blip of the pair's link) marked the hole in every copy again
+    (``Broker._mark_holes`` runs with each holdings), this one included: it lacked 50 again, and with its
+    subscriber away the broker stayed behind for good. A copy a fill completed up to a number is not
+    marked as lacking up to it again."""
+    async with _running_disk() as disk, _reclaiming_broker(tmp_path, disk) as second:
+        second.resume_publisher("p", second.publisher("p"), 51)
+        held = broker_pb2.SubscriberHoldings(
+            topic="prices",
+            subscriber_id="desk",
+            last_enqueued=broker_pb2.Position(last_seq={"p": 50}),
+            away=True,
+            creations=second.lists.tags(("prices", "desk")),
+        )
+        second.apply_holdings([held])
+        queue = second.queue("prices", "desk")
+        assert queue.lacks == {"p": 50}
+        second._apply_fill(_fill(range(21, 51)))
+        assert queue.lacks == {}
+        second.apply_holdings([held])  # the peer's holdings of its next session
+        assert queue.lacks == {}
+        assert not queue.behind
+
+
 async def test_a_subscription_adopted_from_the_peer_does_not_replace_one_accepted_meanwhile(tmp_path: Path) -> None:
     """``adopt_subscriptions`` creates the topic first, which awaits the disk (the catalog); an
     ``AcceptSubscriber`` that came meanwhile made the queue, serving. Adopting then made a second

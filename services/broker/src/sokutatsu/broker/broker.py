@@ -1046,7 +1046,7 @@ class Broker:
                         bound = jump  # the peer holds no copy of it: it may lack all of the hole
                     else:
                         bound = min(jump, held.last_enqueued.last_seq.get(publisher_id, 0)) if held is not None else 0
-                    if bound:
+                    if bound > queue.filled_through.get(publisher_id, 0):  # a fill completed it up to there
                         queue.may_lack(publisher_id, bound)
         self._unmarked = {}
 
@@ -1303,8 +1303,9 @@ class Broker:
             self._end_reclaim(name, None, why)
 
     def _end_reclaim(self, name: tuple[str, str], fill: list[tuple[int, StoredMessage]] | None, why: str) -> None:
-        """Settle a claim: with the peer's ``fill``, serve the subscriber here again, the fill first;
-        without, keep the copy as a shadow. Either way what was held back is queued."""
+        """Settle a claim: with the peer's ``fill``, serve the subscriber here again, the fill and what
+        was held back queued in each publisher's order; without, keep the copy as a shadow, what was
+        held back queued after what it holds (``SubscriptionQueue.end_hold_back``)."""
         queue = self._reclaiming.pop(name, None)
         self._fill_parts.pop(name, None)
         if queue is None:

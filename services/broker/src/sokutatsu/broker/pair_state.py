@@ -87,19 +87,21 @@ below are enforced here and nowhere else.
    serves, on disk before it answers ``AcceptSubscriber`` (other changes soon after); (b) a
    restarted broker whose catalog says it served a subscriber *reclaims* it: its copy, recovered
    from its segment log (which tells exactly which numbers it holds), holds back what arrives, and
-   its holdings say ``reclaims``. When the peer's holdings say the peer's copy is ``away``, the peer
-   sends what that copy holds after the reclaimer's numbers (a *fill*: what was acknowledged while
-   the reclaimer was down, each message with its true predecessor, so a hole neither holds is still
-   told as a gap); the reclaimer queues the fill, then what it held back, and serves the subscriber
-   again. The claim lapses, and the copy stays a shadow (what was held back queued after what it
-   holds), when the peer's holdings say its copy is not away, when the peer's watermarks say it
-   serves the subscriber, when the peer does not hold it, when the fill has not come
-   ``RECLAIM_SECONDS`` (at least two peer timeouts) after it first heard the peer (a peer silent a
-   moment meanwhile sends the fill on its next stream), when it has not heard its peer as long
-   after it recovered its queues, when it is promoted (it serves
-   what it holds), or when the subscription is deleted; it then sends its holdings again, so the
-   peer acts on them. Until then it refuses the subscriber (UNAVAILABLE, retry), the peer does not
-   take it over, and its catalog keeps the claim (a second crash meanwhile reclaims again).
+   its holdings say ``reclaims``. When the peer's holdings say the peer's copy is ``away``, the
+   peer sends what that copy holds after the reclaimer's numbers (a *fill*: what was acknowledged
+   while the reclaimer was down, each message with its true predecessor, so a hole neither holds is
+   still told as a gap); the reclaimer queues the fill and what it held back, in each publisher's
+   order (what it held back from before the peer's tail begins goes first), and serves the
+   subscriber again, lacking only what its log lacked and what came past the fill. The claim
+   lapses, and the copy stays a shadow (what was held back queued after what it holds), when the
+   peer's holdings say its copy is not away, when the peer's watermarks say it serves the
+   subscriber, when the peer does not hold it, when the fill has not come ``RECLAIM_SECONDS`` (at
+   least two peer timeouts) after it first heard the peer (a peer silent a moment meanwhile sends
+   the fill on its next stream), when it has not heard its peer as long after it recovered its
+   queues, when it is promoted (it serves what it holds), or when the subscription is deleted; it
+   then sends its holdings again, so the peer acts on them. Until then it refuses the subscriber
+   (UNAVAILABLE, retry), the peer does not take it over, and its catalog keeps the claim (a second
+   crash meanwhile reclaims again).
    (c) An active whose copy is away refuses (UNAVAILABLE, retry) a subscriber whose position is
    before what its tail holds while it has heard its peer within ``AWAY_WAIT``, and serves it after
    that, telling what it lacks as a gap (the peer's disk may be gone). Before, it served it at once:

@@ -51,8 +51,9 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from sokutatsu.broker.disk_worker import DiskWorker
 from sokutatsu.broker.messages import StoredMessage, batch_response, delivery_body, delivery_element
@@ -132,6 +133,9 @@ class SubscriptionQueue:
     # The attached stream's wake-up when it is a SubscribeMany stream (subscribe_many.py): called,
     # instead of a task waiting on `ready`, whenever `ready` is set. Set by attach, cleared by detach.
     listener: Callable[[], None] | None = None
+    # Per publisher, up to where a peer's fill completed this copy (a restart's claim, :meth:`_filled`:
+    # what the peer held up to there is here or told as a gap): a hole below it is not lacked again.
+    filled_through: Mapping[str, int] = MappingProxyType({})
     # Called when the queue starts or stops being served here (the broker records it: pair_state.py,
     # invariant 7).
     on_serving: Callable[[], None] | None = None
@@ -200,10 +204,11 @@ class SubscriptionQueue:
         self.log: SegmentLog | None = None
         self.last_enqueued: dict[str, int] = {}
         # Per publisher that resumed after a hole (Broker.resume_publisher): the last number this copy
-        # holds of it, and the number ``last_enqueued`` was raised to so the next message's previous_seq
-        # tells the hole. While ``last_enqueued`` is that number, the copy does not hold it: its holdings
-        # say the held one (Broker.holdings). A message put here inside the hole (a peer's fill) raises
-        # the held number; one at or past the raised number ends the mark (:meth:`enqueue`).
+        # holds of it (or that a message not kept took), and the number ``last_enqueued`` was raised to
+        # so the next message's previous_seq tells the hole. While ``last_enqueued`` is that number, the
+        # copy does not hold it: its holdings say the held one (Broker.holdings). A message put here
+        # inside the hole (a peer's fill) raises the held number; one at or past the raised number ends
+        # the mark (:meth:`enqueue`).
         self.hole_marks: dict[str, tuple[int, int]] = {}
         self.delivered: dict[str, int] = {}
         self.credits = 0
@@ -975,8 +980,11 @@ class SubscriptionQueue:
         subscriber is told), so it lacks no more of it than it did before the claim: what was missing
         before its log's first record or inside it (``lacked_before``), which the fill does not bring.
         A lack past what the fill brought stays. Before, every lack stayed until the subscriber
-        acknowledged past it: an idle subscriber's copy stayed behind for good after a reclaim."""
+        acknowledged past it: an idle subscriber's copy stayed behind for good after a reclaim. The
+        broker does not mark a hole below ``filled_through`` in this copy again (``Broker._mark_holes``,
+        with each later holdings: a review found the lack coming back)."""
         last = self.last_enqueued
+        self.filled_through = MappingProxyType(dict(last))
         for publisher, seq in list(self.lacks.items()):
             if seq <= last.get(publisher, 0):
                 before = lacked_before.get(publisher)
