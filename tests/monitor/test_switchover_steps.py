@@ -311,6 +311,39 @@ async def test_taking_broker_lost_before_the_redirect_aborts(pair: Steps) -> Non
 
 
 @pytest.mark.parametrize("pair", ["model"], indirect=True)
+async def test_accept_refused_until_the_taking_broker_has_its_peers_holdings_is_asked_again(pair: Steps) -> None:
+    """Model only: a real broker refuses step 2 (UNAVAILABLE) only in the moment between hearing its
+    peer again and that peer's holdings arriving, which no test can hold open. A switchover asked for
+    in that moment (a manual one right after a broker came back, or the pair's link opened: seen once
+    in tests/monitor/test_monitor_process.py under load) failed at once before; now step 2 is asked
+    again until the taking broker is synced, and the switchover completes. A refusal that lasts past
+    the switch timeout aborts it as before."""
+    active, standby = pair.active, pair.standby
+    assert isinstance(standby, ModelBroker)
+    standby.fail["accept"] = rpc_error(
+        grpc.StatusCode.UNAVAILABLE,
+        "broker-b has not yet received what its peer holds since it last heard it (it came back or the "
+        "pair's link was down); retry in a moment",
+    )
+    standby.fail_times["accept"] = 3
+    record = _record()
+    outcome = await run_switchover(record, active, standby, switch_timeout=5, poll=0)
+    assert outcome.moved
+    assert record.error == ""
+    assert standby.calls == ["accept"] * 4
+    assert _steps(record) == ["POSITION", "ACCEPT", "REDIRECT", "RELEASE"]
+
+    pair.clear()
+    assert isinstance(active, ModelBroker)
+    active.fail["accept"] = standby.fail["accept"]  # and back, to a broker that stays unsynced
+    record = _record()
+    outcome = await run_switchover(record, standby, active, switch_timeout=0.05, poll=0)
+    assert not outcome.moved
+    assert "step 2 (accept) on broker-a failed: UNAVAILABLE" in record.error, record.error
+    assert len(active.calls) > 1
+
+
+@pytest.mark.parametrize("pair", ["model"], indirect=True)
 async def test_release_refused_while_the_stream_is_still_attached_is_asked_again(pair: Steps) -> None:
     """Model only: a real broker does not refuse step 4 while the redirected stream ends, it
     waits for the stream to end (up to 10 s, broker.py ``release``), so only the model gives

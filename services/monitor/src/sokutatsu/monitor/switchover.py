@@ -3,8 +3,9 @@
 Moving subscriber S from the broker serving it (``source``) to the other (``target``):
 
 1. POSITION: ``source.GetSwitchPosition``, what S has acknowledged.
-2. ACCEPT: ``target.AcceptSubscriber`` with that position; the answer's ``floor`` says from
-   where the target holds S's messages. While the position does not cover the floor (a
+2. ACCEPT: ``target.AcceptSubscriber`` with that position (asked again every 10 ms while the
+   target answers UNAVAILABLE, up to the switch timeout: it has not yet had its peer's holdings);
+   the answer's ``floor`` says from where the target holds S's messages. While the position does not cover the floor (a
    broker that was away from S starts holding at accept time), step 1 is asked again every
    few milliseconds, up to the switch timeout; then the switchover is aborted and undone
    (``target.ReleaseSubscriber``): S stays where it was.
@@ -42,6 +43,8 @@ tracer = trace.get_tracer("sokutatsu.monitor")
 # while it is refused, for up to RELEASE_RETRY_SECONDS).
 POSITION_POLL_SECONDS = 0.002
 RELEASE_RETRY_SECONDS = 1.0
+# Step 2 is asked again this often while the taking broker answers UNAVAILABLE (not yet synced).
+ACCEPT_RETRY_SECONDS = 0.01
 
 REDIRECT_REASONS = {
     monitor_pb2.SWITCHOVER_REASON_SLOW: "slow subscriber moved to the standby",
@@ -240,9 +243,9 @@ class _Run:
             switch = await source.switch_position(sid, sub, topic)
         self.step, self.broker = "2 (accept)", target.broker_id
         with timed_step(record, monitor_pb2.SWITCHOVER_STEP_ACCEPT, self.tracer):
-            self.accept_sent = True  # before the call: one that failed may still have been applied
-            floor = vector((await target.accept(sid, subscription, switch.position)).floor)
             deadline = time.monotonic() + self.switch_timeout
+            self.accept_sent = True  # before the call: one that failed may still have been applied
+            floor = vector((await self._accept(subscription, switch.position, deadline)).floor)
             while not covers(vector(switch.position), floor):
                 self._check_deadline(deadline, vector(switch.position), floor)
                 await asyncio.sleep(self.poll)
@@ -256,6 +259,22 @@ class _Run:
         if not self.target_up():
             raise _Aborted(f"{target.broker_id} stopped answering before the redirect")
         return subscription, switch
+
+    async def _accept(
+        self, subscription: broker_pb2.Subscription, position: broker_pb2.Position, deadline: float
+    ) -> broker_pb2.AcceptSubscriberResponse:
+        """``target.AcceptSubscriber``, asked again every few ms up to ``deadline`` while it answers
+        UNAVAILABLE and the monitor still reaches it: a broker refuses so until it has its peer's
+        holdings of the peer's current session (it came back, or the pair's link just opened), which
+        takes a frame of the pair's stream. Before, a switchover asked for then failed at once."""
+        record, target = self.record, self.target
+        while True:
+            try:
+                return await target.accept(record.id, subscription, position)
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not self.target_up() or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(max(self.poll, ACCEPT_RETRY_SECONDS))
 
     def _check_deadline(self, deadline: float, position: dict[str, int], floor: dict[str, int]) -> None:
         if time.monotonic() >= deadline:
