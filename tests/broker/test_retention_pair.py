@@ -142,7 +142,9 @@ async def test_a_subscriber_moved_to_a_copy_that_discarded_what_it_already_has_i
     """The soak's stalled subscriber: it takes its first window from the active and processes none
     of it (nothing acknowledged), so the standby's shadow copy keeps those messages too, and its
     retention discards them with the oldest. Moved to the standby, the subscriber resumes after
-    what it received; the gap it is told of counts only the messages it did not get."""
+    what it processed (nothing) and says what it received beyond that (``SubscribeOpen.received``):
+    the gap it is told of counts only the messages it did not get. (With the SDK resuming from what
+    it processed and no ``received``, the count took in the 10 it held: 868 for 858.)"""
     limit, total, window = 256 * 1024, 1000, 10
     pair = await pair_factory(queue_budget="32KiB", retention_max_bytes=str(limit))
     async with Subscriber(

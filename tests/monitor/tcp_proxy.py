@@ -2,7 +2,8 @@
 
 ``hold()`` stops forwarding in both directions while keeping every connection open: to the
 monitor the broker then looks hung (its statistics stop, health checks time out), while the
-broker itself runs on and its peer still hears it. ``release()`` forwards again.
+broker itself runs on and its peer still hears it. ``release()`` forwards again. ``cut()``
+resets every connection open now; new ones are forwarded as before.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class TcpProxy:
         self._open.set()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -32,6 +34,11 @@ class TcpProxy:
 
     def release(self) -> None:
         self._open.set()
+
+    def cut(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -46,6 +53,7 @@ class TcpProxy:
         except OSError:
             writer.close()
             return
+        self._writers += [writer, up_writer]
         for source, sink in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.create_task(self._pump(source, sink))
             self._tasks.add(task)

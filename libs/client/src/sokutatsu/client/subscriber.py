@@ -12,8 +12,10 @@
   :attr:`position` (per publisher, the last processed number) is what to store
   to resume a durable subscription in a later process.
 * On reconnect (jittered backoff, or at once after a redirect) the SDK sends
-  the position it has received up to; the broker resumes after it. Duplicates
-  are dropped; a message whose ``previous_seq`` is above what was received
+  the position the application has processed (the broker takes it as
+  acknowledged); the broker resumes after it, so what waited in the buffer is
+  sent again and dropped here: it stays owed until processed. Duplicates are
+  dropped; a message whose ``previous_seq`` is above what was received
   reveals lost messages: :class:`GapError` is raised (``on_gap="raise"``) or
   the gap is recorded in :attr:`gaps` (``on_gap="report"``).
 """
@@ -128,6 +130,8 @@ class Subscriber:
         # Processed by the application / received from the broker, per publisher.
         self._processed: dict[str, int] = dict(position or {})
         self._received: dict[str, int] = dict(position or {})
+        # Per publisher, what the broker sends again after a reconnect (received, not processed).
+        self._again: dict[str, int] = {}
         self._buffer: deque[broker_pb2.Message | GapError] = deque()
         self._arrived = asyncio.Event()
         self._last: broker_pb2.Message | None = None
@@ -367,15 +371,22 @@ class Subscriber:
         """The open frame of a new session."""
         # Only the first attempt after a redirect says so, whatever becomes of it.
         redirected, self._redirected = self._redirected, False
-        # Unconsumed messages stay in the local buffer, so the broker may send up to the
-        # limit minus what is buffered; it resumes after what was received.
-        credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
+        # It resumes after what the application processed, not after what was received: the broker
+        # takes an open's position as acknowledged and releases what it covers, and what waits in
+        # the buffer unprocessed must stay owed until it is processed (an application that closed
+        # or crashed after a reconnect lost it before: its stored position was below it, and the
+        # broker no longer held it). The broker sends the buffered messages again, within these
+        # credits, and _accept drops them (at or below what was received).
+        again = sum(1 for item in self._buffer if isinstance(item, broker_pb2.Message))
+        credits = max(1, self.flow_limit - len(self._buffer) - self._unacked + again)
         self._unacked = 0
+        self._again = {p: n for p, n in self._received.items() if n > self._processed.get(p, 0)}
         return broker_pb2.SubscribeOpen(
             subscription=self._subscription,
-            position=broker_pb2.Position(last_seq=self._received),
+            position=broker_pb2.Position(last_seq=self._processed),
             credits=credits,
             redirected=redirected,
+            received=broker_pb2.Position(last_seq=self._again),
         )
 
     def _subscribed(self, subscribed: broker_pb2.Subscribed, backoff: Backoff) -> None:
@@ -432,7 +443,8 @@ class Subscriber:
             seq = message.publisher_seq
             have = received.get(publisher, 0)
             if seq <= have:
-                self.duplicates += 1
+                if seq > self._again.get(publisher, 0):  # not one sent again after a reconnect
+                    self.duplicates += 1
                 continue
             if accepted is not None:
                 accepted.append(message)

@@ -677,7 +677,7 @@ class Broker:
                     reason="this broker lacks messages after your position (it was away); its peer holds them",
                 )
             )
-        generation = queue.attach(position, open_frame.credits, listener)
+        generation = queue.attach(position, open_frame.credits, listener, dict(open_frame.received.last_seq))
         queue.taken_pending = False
         self.subscriber_streams += 1
         return queue, generation

@@ -136,6 +136,9 @@ class SubscriptionQueue:
     # Per publisher, up to where a peer's fill completed this copy (a restart's claim, :meth:`_filled`:
     # what the peer held up to there is here or told as a gap): a hole below it is not lacked again.
     filled_through: Mapping[str, int] = MappingProxyType({})
+    # Per publisher, what the attached stream's subscriber holds (its open's position, or beyond it:
+    # SubscribeOpen.received): a retention gap it is told counts from after it.
+    _told_from: Mapping[str, int] = MappingProxyType({})
     # Called when the queue starts or stops being served here (the broker records it: pair_state.py,
     # invariant 7).
     on_serving: Callable[[], None] | None = None
@@ -578,12 +581,20 @@ class SubscriptionQueue:
         if listener is not None:
             listener()
 
-    def attach(self, position: dict[str, int], credits: int, listener: Callable[[], None] | None = None) -> int:
+    def attach(
+        self,
+        position: dict[str, int],
+        credits: int,
+        listener: Callable[[], None] | None = None,
+        received: dict[str, int] | None = None,
+    ) -> int:
         """Attach a stream; return its generation (for :meth:`stop_stream`).
 
         A Subscribe stream awaits :meth:`next_batch`; a SubscribeMany stream passes ``listener``
         (called whenever the queue may have something for it, or wants it to stop) and takes
-        batches with :meth:`poll`.
+        batches with :meth:`poll`. ``position`` is acknowledged; ``received`` (``SubscribeOpen.
+        received``) is what the subscriber holds beyond it, sent again all the same: a retention
+        gap is counted from after it.
         """
         self.generation += 1
         self.listener = listener
@@ -593,6 +604,7 @@ class SubscriptionQueue:
         self._detaching = False
         self.credits = credits
         self._skip = dict(position)
+        self._told_from = {**position, **{p: n for p, n in (received or {}).items() if n > position.get(p, 0)}}
         self.redirect = None
         for publisher, seq in position.items():
             if seq > self.delivered.get(publisher, 0):
@@ -609,6 +621,7 @@ class SubscriptionQueue:
         self.listener = None
         self.credits = 0
         self._skip = {}
+        self._told_from = MappingProxyType({})
         self.idle.set()
         self.idle_since = time.monotonic()
 
@@ -779,8 +792,9 @@ class SubscriptionQueue:
             delivered[item.publisher_id] = item.seq
         gaps = self.kept
         if gaps.gaps:
-            # A gap is told from after what this stream's subscriber received (its open position).
-            received = self._skip
+            # A gap is told from after what this stream's subscriber received (its open position,
+            # or beyond it: SubscribeOpen.received).
+            received = self._told_from
             return delivery_body(
                 [
                     delivery_element(

@@ -761,6 +761,7 @@ class SubscribeOpen(_message.Message):
     POSITION_FIELD_NUMBER: _builtins.int
     CREDITS_FIELD_NUMBER: _builtins.int
     REDIRECTED_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
     credits: _builtins.int
     """Initial credit, at least 1: the broker sends at most this many messages
     before the next SubscriberCredit (seed 003's consumer flow limit; the SDK
@@ -786,6 +787,16 @@ class SubscribeOpen(_message.Message):
         new subscription, or from the stored position for a durable one.
         """
 
+    @_builtins.property
+    def received(self) -> Global___Position:
+        """What the subscriber has received beyond `position` and not yet processed
+        (its buffer; empty: nothing, or an SDK from before this field). The broker
+        still sends everything after `position`, which it takes as acknowledged
+        (the subscriber drops what it has), but counts the messages of a retention
+        gap it tells from after this, so a gap counts only what the subscriber
+        lacks.
+        """
+
     def __init__(
         self,
         *,
@@ -793,10 +804,11 @@ class SubscribeOpen(_message.Message):
         position: Global___Position | None = ...,
         credits: _builtins.int = ...,
         redirected: _builtins.bool = ...,
+        received: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position", "subscription", b"subscription"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position", "received", b"received", "subscription", b"subscription"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits", "position", b"position", "redirected", b"redirected", "subscription", b"subscription"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credits", b"credits", "position", b"position", "received", b"received", "redirected", b"redirected", "subscription", b"subscription"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
