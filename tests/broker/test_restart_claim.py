@@ -342,9 +342,9 @@ async def test_a_reclaiming_broker_asks_for_what_its_log_lacks_not_from_where_a_
 
 
 @contextlib.asynccontextmanager
-async def _reclaiming_broker(folder: Path, disk: DiskWorker) -> AsyncIterator[Broker]:
-    """A broker in this process, on a state folder: it serves desk (spilled to disk, 1 to 20), stops;
-    the one yielded starts there as the restarted standby, reclaiming desk."""
+async def _reclaiming_broker(folder: Path, disk: DiskWorker, first: int = 1) -> AsyncIterator[Broker]:
+    """A broker in this process, on a state folder: it serves desk (spilled to disk, ``first`` to 20),
+    stops; the one yielded starts there as the restarted standby, reclaiming desk."""
     env = {
         "SOKUTATSU_BROKER_STATE_DIR": str(folder),
         "SOKUTATSU_BROKER_ROLE": "standby",
@@ -353,17 +353,17 @@ async def _reclaiming_broker(folder: Path, disk: DiskWorker) -> AsyncIterator[Br
         "SOKUTATSU_BROKER_QUEUE_BUDGET": "1KiB",
     }
     desk = broker_pb2.Subscription(subscriber_id="desk", topic="prices", durable=True)
-    first = Broker(load(BrokerSettings, env), disk)
-    await first.open()
-    await first.create_subscription(first.subscription_spec(desk))
-    queue = first.queue("prices", "desk")
+    before = Broker(load(BrokerSettings, env), disk)
+    await before.open()
+    await before.create_subscription(before.subscription_spec(desk))
+    queue = before.queue("prices", "desk")
     queue.serve()  # as after AcceptSubscriber: this standby serves desk
-    for seq in range(1, 21):
+    for seq in range(first, 21):
         queue.enqueue(_message("p", seq, b"x" * 200))  # over the budget in a few: spilled
     await queue.written(queue.spill_appended)
-    await first._save_catalog()  # what AcceptSubscriber records on disk
-    assert queue.disk_count == 20
-    await first.close()
+    await before._save_catalog()  # what AcceptSubscriber records on disk
+    assert queue.disk_count == 21 - first
+    await before.close()
     second = Broker(load(BrokerSettings, env), disk)
     await second.open()
     assert second.reclaiming == 1
@@ -373,10 +373,42 @@ async def _reclaiming_broker(folder: Path, disk: DiskWorker) -> AsyncIterator[Br
         await second.close()
 
 
-def _fill(seqs: range) -> broker_pb2.QueueFill:
+def _fill(seqs: range, acked: dict[str, int] | None = None) -> broker_pb2.QueueFill:
     """The peer's fill of desk: ``seqs`` of publisher p, each naming the one before."""
     items = [broker_pb2.QueueFillItem(previous_seq=seq - 1, message=_message("p", seq).payload) for seq in seqs]
-    return broker_pb2.QueueFill(topic="prices", subscriber_id="desk", items=items, first=True, last=True)
+    return broker_pb2.QueueFill(
+        topic="prices",
+        subscriber_id="desk",
+        items=items,
+        first=True,
+        last=True,
+        acked=broker_pb2.Position(last_seq=acked or {}),
+    )
+
+
+async def test_a_reclaimed_copy_takes_what_its_subscriber_acknowledged_from_the_fill(tmp_path: Path) -> None:
+    """Found by an attacker's review: the restarted broker's log begins at 4 (the subscriber had received
+    and acknowledged 1..3 from memory before the crash), so its copy may lack 3 and up (recovery), which
+    no fill brings (it brings what comes after the log). With its subscriber away, the copy stayed
+    behind for good: the broker was not caught up, and every failover to it waited
+    FAILOVER_BEHIND_AFTER_SECONDS. The peer's fill now carries what the subscriber acknowledged as the
+    peer's away copy knows it (from this broker's watermarks before the crash): 3, so nothing is lacked."""
+    async with _running_disk() as disk, _reclaiming_broker(tmp_path, disk, first=4) as second:
+        queue = second.queue("prices", "desk")
+        assert queue.lacks == {"p": 3}
+        second._apply_fill(_fill(range(21, 26), acked={"p": 3}))
+        assert second.reclaiming == 0
+        assert not queue.behind
+        assert queue.acked == {"p": 3}
+
+
+async def test_a_fill_from_a_peer_that_knows_less_acknowledged_leaves_the_lack(tmp_path: Path) -> None:
+    """The same, the peer knowing the subscriber acknowledged only 2 (or an older peer, which sends
+    nothing): 3 may still be owed, so the copy is still behind."""
+    async with _running_disk() as disk, _reclaiming_broker(tmp_path, disk, first=4) as second:
+        queue = second.queue("prices", "desk")
+        second._apply_fill(_fill(range(21, 26), acked={"p": 2}))
+        assert queue.behind
 
 
 @pytest.mark.parametrize("filled_to", [50, 35])

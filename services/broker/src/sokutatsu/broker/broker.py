@@ -222,7 +222,7 @@ class Broker:
         # (held back until the peer's holdings and fill settle it); the fills the peer sent so far; and,
         # on the other side, the fills the peer asked for (per queue, the numbers it holds up to).
         self._reclaiming: dict[tuple[str, str], SubscriptionQueue] = {}
-        self._fill_parts: dict[tuple[str, str], list[broker_pb2.QueueFillItem]] = {}
+        self._fill_parts: dict[tuple[str, str], list[broker_pb2.QueueFill]] = {}
         self.fills_wanted: dict[tuple[str, str], dict[str, int]] = {}
         # When this broker first heard its peer while it reclaims (monotonic; 0: not yet): a fill that
         # does not come within RECLAIM_SECONDS of it ends the claims; so does not hearing the peer
@@ -1324,20 +1324,27 @@ class Broker:
             return  # settled already (a fill sent again on a new stream)
         if fill.first:
             self._fill_parts[name] = []
-        parts = self._fill_parts.get(name)
-        if parts is None:
+        chunks = self._fill_parts.get(name)
+        if chunks is None:
             return  # a chunk without its first: the stream broke and the peer sends it again
-        parts.extend(fill.items)
+        chunks.append(fill)
         if not fill.last:
             return
         usages = (self.topics[fill.topic].usage, self.usage)  # a reclaimed queue's topic stays (_remove_queue)
         messages: list[tuple[int, StoredMessage]] = []
-        for item in parts:
+        for item in (item for chunk in chunks for item in chunk.items):
             header = broker_pb2.Message.FromString(item.message)
             stored = StoredMessage(header.publisher_id, header.publisher_seq, item.message, header.persistent, usages)
             stored.hold(1)
             messages.append((item.previous_seq, stored))
+        queue = self._reclaiming.get(name)
         self._end_reclaim(name, messages, "the peer's copy is away")
+        acked = dict(chunks[0].acked.last_seq)
+        if queue is not None and acked:
+            # What its subscriber acknowledged (as the peer's away copy knows it) is owed no more: what the
+            # log lacked before its first record is not counted as lacking (an attacker's review: with its
+            # subscriber away, the copy stayed behind for good).
+            queue.acknowledged(acked)
 
     def fill_frames(self, sent: set[tuple[str, str]]) -> list[broker_pb2.QueueFill]:
         """The fills the peer asked for (its holdings reclaim a subscriber whose copy here is away)
@@ -1353,7 +1360,9 @@ class Broker:
                 if queue is not None and queue.state in (SERVING, LEAVING):
                     queue.acked_dirty = True  # its watermark tells the peer it is served here
                 continue
-            chunk = broker_pb2.QueueFill(topic=name[0], subscriber_id=name[1], first=True)
+            chunk = broker_pb2.QueueFill(
+                topic=name[0], subscriber_id=name[1], first=True, acked=broker_pb2.Position(last_seq=queue.acked)
+            )
             size = 0
             for prev, payload in queue.fill_after(position):
                 if size and size + len(payload) > FILL_CHUNK_BYTES:

@@ -988,6 +988,11 @@ class SubscriptionQueue:
             return True
         return False
 
+    def acknowledged(self, position: dict[str, int]) -> None:
+        """What the subscriber acknowledged, as the peer knew it (a restart's fill): owed no more, so
+        what this copy lacked up to it is not counted as lacking (:attr:`behind`)."""
+        self._raise_acked(position)
+
     def _filled(self, lacked_before: dict[str, int]) -> None:
         """The peer's fill is in. What this copy lacked up to a number it now holds, it holds or tells
         (each filled message names its true predecessor: what neither copy holds is a gap the

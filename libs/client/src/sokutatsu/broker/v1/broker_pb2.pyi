@@ -2255,6 +2255,7 @@ class QueueFill(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     FIRST_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscriber_id: _builtins.str
     first: _builtins.bool
@@ -2262,6 +2263,14 @@ class QueueFill(_message.Message):
     last: _builtins.bool
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueFillItem]: ...
+    @_builtins.property
+    def acked(self) -> Global___Position:
+        """On the first chunk: what the subscriber acknowledged, as the sender's
+        away copy knows it (from the receiver's watermarks before it restarted).
+        The receiver owes nothing up to it: what its log lacked before its first
+        record is no longer counted as lacking.
+        """
+
     def __init__(
         self,
         *,
@@ -2270,10 +2279,11 @@ class QueueFill(_message.Message):
         items: _abc.Iterable[Global___QueueFillItem] | None = ...,
         first: _builtins.bool = ...,
         last: _builtins.bool = ...,
+        acked: Global___Position | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first", b"first", "items", b"items", "last", b"last", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "first", b"first", "items", b"items", "last", b"last", "subscriber_id", b"subscriber_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
