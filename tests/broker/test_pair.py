@@ -228,6 +228,36 @@ async def test_kill9_of_the_active_mid_stream_fails_over_with_nothing_lost(
     assert more.brokers == ["broker-b"]
 
 
+async def test_an_active_back_from_kill9_before_any_subscriber_came_leaves_one_active(
+    pair_factory: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Found by an attacker's review: a bare pair (no monitor); the active is killed and started again
+    while no subscriber comes to the standby (the standby promotes itself only when one comes while it
+    does not hear its peer). The restarted broker comes back as standby (invariant 2), so both were
+    standby for good, each redirecting every subscriber to the other: a durable subscriber got nothing.
+    Now the caught-up one of two standbys that hear each other takes the active role (invariant 2): the
+    old standby, which holds everything; the subscriber gets what was published, before and after."""
+    pair = await pair_factory()
+    async with Publisher(pair.addresses, "feed", connect_timeout=1) as pub:
+        sub = Subscriber(pair.addresses, "desk", TOPIC, durable=True)
+        await sub.start()
+        await sub.close()  # a durable subscription, its subscriber away
+        await pub.publish(TOPIC, "K", b"before")
+        pair.active.kill9()
+        pair.active.env["SOKUTATSU_BROKER_LISTEN"] = pair.active.address
+        pair.active.start()
+
+        async def one_active() -> bool:
+            roles = [(await _role(b.address)).role for b in (pair.active, pair.standby)]
+            return roles == [broker_pb2.BROKER_ROLE_STANDBY, broker_pb2.BROKER_ROLE_ACTIVE]
+
+        await until(one_active, "the old standby to take the active role")
+        await pub.publish(TOPIC, "K", b"after")
+    async with Subscriber(pair.addresses, "desk", TOPIC, durable=True) as sub:
+        bodies = [(await asyncio.wait_for(anext(sub), 30)).body for _ in range(2)]
+    assert bodies == [b"before", b"after"]
+
+
 async def _role(address: str) -> broker_pb2.RoleInfo:
     async with open_channel(address, cluster=True) as channel:
         info: broker_pb2.RoleInfo = await broker_pb2_grpc.BrokerControlStub(channel).GetRole(

@@ -1207,7 +1207,9 @@ class Broker:
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self.apply_holdings(frame.holdings)
-        if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
+        if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch) or self.pair.lead_both_standby(
+            frame.broker_id, frame.role, frame.epoch, frame.caught_up, lambda: self.caught_up
+        ):
             self._roles_changed()
         for mark in frame.subscribers:
             if self._reclaiming and (mark.topic, mark.subscriber_id) in self._reclaiming:

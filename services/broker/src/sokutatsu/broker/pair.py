@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from grpc import aio
 
 from sokutatsu.broker.broker import Broker
-from sokutatsu.broker.pair_state import ACTIVE, check_role
+from sokutatsu.broker.pair_state import ACTIVE, STANDBY, check_role
 from sokutatsu.broker.v1 import broker_pb2, broker_pb2_grpc
 from sokutatsu.core.shutdown import stop_if_cancelled
 from sokutatsu.core.tls import open_channel
@@ -177,6 +177,8 @@ async def _frames(
                 expired=broker.expired_subscriptions() if version != subscriptions_sent else (),
                 deleted=broker.deleted_subscriptions() if version != subscriptions_sent else (),
                 creation_tags=True,
+                # Only a standby of a pair without a monitor says it (pair_state.py, invariant 2).
+                caught_up=not broker.pair.monitored and broker.role == STANDBY and broker.caught_up,
                 subscriptions_version=broker.subscriptions_version if version != subscriptions_sent else 0,
                 subscriptions_applied=broker.peer_version_applied,
                 session=session,

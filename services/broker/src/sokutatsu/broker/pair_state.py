@@ -15,9 +15,16 @@ below are enforced here and nowhere else.
 2. **A restarted broker comes back as standby.** Once a broker has known a peer, it
    records the peer and its epoch in ``<STATE_DIR>/pair.json``; a start that finds the
    file is a restart and begins as ``STANDBY`` at the recorded epoch, whatever
-   ``SOKUTATSU_BROKER_ROLE`` says. Only the monitor (``SetRole``) or a subscriber that
-   finds the peer gone makes it active again, with a newer epoch. So a broker killed
-   while active never answers ``ACTIVE`` at an old epoch beside its promoted peer.
+   ``SOKUTATSU_BROKER_ROLE`` says. Only the monitor (``SetRole``), a subscriber that
+   finds the peer gone, or, in a pair without a monitor, a peer heard as standby too makes
+   it active again, with a newer epoch. So a broker killed while active never answers
+   ``ACTIVE`` at an old epoch beside its promoted peer. Of two standbys of a pair without a
+   monitor that hear each other (the active came back before a subscriber came to its
+   standby, which promotes itself only then), the caught-up one takes the active role at the
+   epoch after both (of two caught up, the lower broker id; of two behind, the lower id once
+   both were so for :data:`BOTH_BEHIND_SECONDS`, as a monitor promotes a standby that is
+   behind): :meth:`PairState.lead_both_standby`. Before, both stayed standby for good, each
+   redirecting every subscriber to the other (an attacker's review).
 3. **Never acknowledge alone while the peer is heard.** A publish acknowledgement says
    ``single_copy`` only while no frame came from the peer for ``PEER_TIMEOUT_MS``
    (:attr:`PairState.peer_up`); in a monitored pair only an active says it, under
@@ -136,6 +143,9 @@ MAX_EPOCH = 2**62
 PAIR_FILE = "pair.json"
 # How many of its latest lease tokens a broker keeps for the monitor to grant (invariant 6).
 TOKENS_KEPT = 4
+# Two standbys of a pair without a monitor, both behind: the lower id takes the active role after
+# this long (invariant 2), as the monitor's FAILOVER_BEHIND_AFTER_SECONDS promotes a standby behind.
+BOTH_BEHIND_SECONDS = 10.0
 
 
 def role_name(role: Role) -> str:
@@ -185,6 +195,8 @@ class PairState:
     last_token: int = 0
     # Whether the peer's last frame said it hears this broker (a link cut one way: it does not).
     peer_hears_me: bool = True
+    # Since when both brokers of a pair without a monitor are standby, as this one hears it (invariant 2).
+    both_standby_since: float = 0.0
 
     @classmethod
     def load(
@@ -422,9 +434,34 @@ class PairState:
             return False
         return self.change(ACTIVE, self.epoch + 1, why)
 
+    def lead_both_standby(
+        self, peer_id: str, peer_role: Role, peer_epoch: int, peer_caught_up: bool, caught_up: Callable[[], bool]
+    ) -> bool:
+        """Invariant 2, a pair without a monitor: on the peer's frame, take the active role when both
+        are standby and this one is the one to lead; True when the role changed."""
+        if self.monitored or self.role != STANDBY or peer_role != STANDBY or not self.peer_up:
+            self.both_standby_since = 0.0
+            return False
+        now = self.clock()
+        if not self.both_standby_since:
+            self.both_standby_since = now
+        lower = self.instance < peer_id
+        if caught_up():
+            leads = lower or not peer_caught_up
+        else:
+            leads = lower and not peer_caught_up and now - self.both_standby_since >= BOTH_BEHIND_SECONDS
+        epoch = max(self.epoch, peer_epoch) + 1
+        if not leads or epoch > MAX_EPOCH:
+            return False
+        self.both_standby_since = 0.0
+        return self.change(
+            ACTIVE, epoch, f"its peer {peer_id} is standby too, in a pair without a monitor (invariant 2)"
+        )
+
     def peer_frame(self, peer_id: str, peer_role: Role, peer_epoch: int) -> bool:
-        """The roles a peer's frame states; True when this broker's role changed. A frame only ever
-        makes a broker step down (invariant 1, and 6: never active again on a peer's word)."""
+        """The roles a peer's frame states; True when this broker's role changed. A frame makes a
+        broker step down (invariant 1), and never active again in a monitored pair (invariant 6):
+        without a monitor, see :meth:`lead_both_standby`."""
         return self.step_down_for(peer_id, peer_role, peer_epoch)
 
     def step_down_for(self, peer_id: str, peer_role: Role, peer_epoch: int) -> bool:

@@ -2118,6 +2118,7 @@ class DeliveredWatermarks(_message.Message):
     CREATION_TAGS_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_VERSION_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_APPLIED_FIELD_NUMBER: _builtins.int
+    CAUGHT_UP_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.str
     address: _builtins.str
     """The sender's host:port: a broker started without a peer address learns
@@ -2176,6 +2177,13 @@ class DeliveredWatermarks(_message.Message):
     older frame of the receiver's still on its way (invariant 8).
     """
     subscriptions_applied: _builtins.int
+    caught_up: _builtins.bool
+    """Set by a standby of a pair without a monitor that holds every message its
+    durable subscribers have not acknowledged (BrokerStats.caught_up). Of two
+    such brokers both standby, hearing each other, the caught-up one takes the
+    active role (the lower broker id of two caught up): see pair_state.py,
+    invariant 2.
+    """
     @_builtins.property
     def subscribers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriberWatermark]: ...
     @_builtins.property
@@ -2237,10 +2245,11 @@ class DeliveredWatermarks(_message.Message):
         creation_tags: _builtins.bool = ...,
         subscriptions_version: _builtins.int = ...,
         subscriptions_applied: _builtins.int = ...,
+        caught_up: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "creation_tags", b"creation_tags", "deleted", b"deleted", "epoch", b"epoch", "expired", b"expired", "fills", b"fills", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_applied", b"subscriptions_applied", "subscriptions_included", b"subscriptions_included", "subscriptions_version", b"subscriptions_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_id", b"broker_id", "caught_up", b"caught_up", "creation_tags", b"creation_tags", "deleted", b"deleted", "epoch", b"epoch", "expired", b"expired", "fills", b"fills", "holdings", b"holdings", "holdings_included", b"holdings_included", "not_hearing_you", b"not_hearing_you", "role", b"role", "session", b"session", "subscribers", b"subscribers", "subscriptions", b"subscriptions", "subscriptions_applied", b"subscriptions_applied", "subscriptions_included", b"subscriptions_included", "subscriptions_version", b"subscriptions_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
