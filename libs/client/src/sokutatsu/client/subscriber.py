@@ -130,8 +130,8 @@ class Subscriber:
         # Processed by the application / received from the broker, per publisher.
         self._processed: dict[str, int] = dict(position or {})
         self._received: dict[str, int] = dict(position or {})
-        # Per publisher, what the broker sends again after a reconnect (received, not processed).
-        self._again: dict[str, int] = {}
+        # Per publisher, what the broker sends again after the last reconnect: (processed, received].
+        self._again: dict[str, tuple[int, int]] = {}
         self._buffer: deque[broker_pb2.Message | GapError] = deque()
         self._arrived = asyncio.Event()
         self._last: broker_pb2.Message | None = None
@@ -375,18 +375,20 @@ class Subscriber:
         # takes an open's position as acknowledged and releases what it covers, and what waits in
         # the buffer unprocessed must stay owed until it is processed (an application that closed
         # or crashed after a reconnect lost it before: its stored position was below it, and the
-        # broker no longer held it). The broker sends the buffered messages again, within these
-        # credits, and _accept drops them (at or below what was received).
-        again = sum(1 for item in self._buffer if isinstance(item, broker_pb2.Message))
-        credits = max(1, self.flow_limit - len(self._buffer) - self._unacked + again)
+        # broker no longer held it). The broker sends what it holds of it again; _accept drops
+        # those (at or below what was received) and gives their credits back, so the buffer stays
+        # within flow_limit whatever the broker still holds.
+        credits = max(1, self.flow_limit - len(self._buffer) - self._unacked)
         self._unacked = 0
-        self._again = {p: n for p, n in self._received.items() if n > self._processed.get(p, 0)}
+        self._again = {
+            p: (self._processed.get(p, 0), n) for p, n in self._received.items() if n > self._processed.get(p, 0)
+        }
         return broker_pb2.SubscribeOpen(
             subscription=self._subscription,
             position=broker_pb2.Position(last_seq=self._processed),
             credits=credits,
             redirected=redirected,
-            received=broker_pb2.Position(last_seq=self._again),
+            received=broker_pb2.Position(last_seq={p: n for p, (_, n) in self._again.items()}),
         )
 
     def _subscribed(self, subscribed: broker_pb2.Subscribed, backoff: Backoff) -> None:
@@ -438,12 +440,15 @@ class Subscriber:
         buffer = self._buffer
         spans = self._spans
         accepted: list[broker_pb2.Message] | None = [] if spans is not None else None
+        dropped = 0
         for message in messages:
             publisher = message.publisher_id
             seq = message.publisher_seq
             have = received.get(publisher, 0)
             if seq <= have:
-                if seq > self._again.get(publisher, 0):  # not one sent again after a reconnect
+                dropped += 1
+                low, high = self._again.get(publisher, (0, 0))
+                if not low < seq <= high:  # not one sent again after a reconnect
                     self.duplicates += 1
                 continue
             if accepted is not None:
@@ -456,12 +461,18 @@ class Subscriber:
                         buffer.append(gap)
             received[publisher] = seq
             buffer.append(message)
+        if dropped:
+            # Each dropped message took a credit: give it back, or a stream whose broker sends again
+            # what the SDK has (after a reconnect, or a copy holding what was skipped as a gap) stops.
+            self._unacked += dropped
+            if self._unacked >= self._grant_at:
+                self._send_credit()
         if spans is not None and accepted is not None:
             spans.accepted(accepted)
         self._arrived.set()
 
 
 async def _write_quietly(call: _SubscribeCall, frame: broker_pb2.SubscribeRequest) -> None:
-    # If the stream is gone, the next one starts from the received position.
+    # If the stream is gone, the next one starts from the processed position.
     with contextlib.suppress(aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
         await write_or_cancel(call, frame)

@@ -16,8 +16,9 @@ how many went for each reason. Invariants:
 * the message delivered right after a range (its ``previous_seq`` is the range's ``last_seq``)
   carries it (``Message.retention_gap``), on every delivery until the subscriber acknowledged
   past it, so a resend after a broken stream does too;
-* what a subscriber is told counts only what it lacks: a stream resumes after the position its
-  subscriber received up to, and a message it received may have been discarded since (it was in
+* what a subscriber is told counts only what it lacks: a stream counts from what its subscriber
+  received (``SubscribeOpen.received``, or its position), and a message it received may have been
+  discarded since (it was in
   flight and never acknowledged, or the peer delivered it while this copy discarded it), so the
   range a delivery carries starts after that position and counts only the messages after it
   (:meth:`element_tail`). That count is exact when every number of the range was discarded (a
