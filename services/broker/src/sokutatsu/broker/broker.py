@@ -1207,9 +1207,7 @@ class Broker:
         self.pair.learn_peer(frame.address, "from its watermarks")
         if frame.holdings_included:
             self.apply_holdings(frame.holdings)
-        if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch) or self.pair.lead_both_standby(
-            frame.broker_id, frame.role, frame.epoch, frame.caught_up, lambda: self.caught_up
-        ):
+        if self.pair.peer_frame(frame.broker_id, frame.role, frame.epoch):
             self._roles_changed()
         for mark in frame.subscribers:
             if self._reclaiming and (mark.topic, mark.subscriber_id) in self._reclaiming:
@@ -1220,6 +1218,13 @@ class Broker:
                 queue.trim(dict(mark.acked.last_seq), mark.retention_gaps)
         for fill in frame.fills:
             self._apply_fill(fill)
+
+    def lead_both_standby(self, frame: broker_pb2.DeliveredWatermarks) -> None:
+        """After the peer's whole frame is applied (pair_state.py, invariant 2)."""
+        if self.pair.lead_both_standby(
+            frame.broker_id, frame.role, frame.epoch, frame.caught_up, lambda: self.caught_up
+        ):
+            self._roles_changed()
 
     def holdings(self) -> list[broker_pb2.SubscriberHoldings]:
         """Per durable queue, the last number of each publisher put in it (pair_state.py, invariant 4);

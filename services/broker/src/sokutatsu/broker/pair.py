@@ -223,6 +223,7 @@ async def apply_frame(broker: Broker, frame: broker_pb2.DeliveredWatermarks) -> 
         # Acknowledged in this broker's next frames (invariant 8); a restarted peer's versions start
         # above its old ones.
         broker.peer_version_applied = frame.subscriptions_version
+    broker.lead_both_standby(frame)  # last: with the subscriptions the frame brought (invariant 2)
 
 
 async def receive_watermarks(

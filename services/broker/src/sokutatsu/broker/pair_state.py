@@ -195,8 +195,10 @@ class PairState:
     last_token: int = 0
     # Whether the peer's last frame said it hears this broker (a link cut one way: it does not).
     peer_hears_me: bool = True
-    # Since when both brokers of a pair without a monitor are standby, as this one hears it (invariant 2).
+    # Since when both brokers of a pair without a monitor are standby, as this one hears it, and in
+    # which of this broker's sessions (a silence between restarts the count: invariant 2).
     both_standby_since: float = 0.0
+    both_standby_session: int = 0
 
     @classmethod
     def load(
@@ -437,14 +439,19 @@ class PairState:
     def lead_both_standby(
         self, peer_id: str, peer_role: Role, peer_epoch: int, peer_caught_up: bool, caught_up: Callable[[], bool]
     ) -> bool:
-        """Invariant 2, a pair without a monitor: on the peer's frame, take the active role when both
-        are standby and this one is the one to lead; True when the role changed."""
-        if self.monitored or self.role != STANDBY or peer_role != STANDBY or not self.peer_up:
+        """Invariant 2, a pair without a monitor: once the peer's frame is applied (its subscription
+        list too: a subscription this broker lacks must count before it judges itself caught up), take
+        the active role when both are standby and this one is the one to lead; True when the role
+        changed. Only while the peer hears this broker (a link cut one way would give two actives:
+        the peer, not hearing this one, promotes itself when a subscriber comes) and with the peer's
+        holdings of its current session."""
+        if self.monitored or self.role != STANDBY or peer_role != STANDBY or not self.peer_hears_me or not self.synced:
             self.both_standby_since = 0.0
             return False
         now = self.clock()
-        if not self.both_standby_since:
+        if not self.both_standby_since or self.both_standby_session != self.session:
             self.both_standby_since = now
+            self.both_standby_session = self.session
         lower = self.instance < peer_id
         if caught_up():
             leads = lower or not peer_caught_up
