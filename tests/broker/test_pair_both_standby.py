@@ -7,20 +7,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sokutatsu.broker.broker import Broker
 from sokutatsu.broker.pair_state import ACTIVE, STANDBY, PairState
 from sokutatsu.broker.v1 import broker_pb2
-from tests.broker.test_subscription_lists import _Link, _pair, _restarted
+from tests.broker.test_subscription_lists import _Link, _pair, _publish, _restarted
 
 DESK = broker_pb2.Subscription(subscriber_id="desk", topic="orders", durable=True)
-
-
-async def _publish_orders(broker: Broker, first: int, count: int) -> None:
-    messages = [
-        broker_pb2.Message(publisher_id="p", publisher_seq=seq, key="K", body=b"x", persistent=True)
-        for seq in range(first, first + count)
-    ]
-    await broker.publish("p", broker.publisher("p"), broker_pb2.PublishBatch(topic="orders", messages=messages))
 
 
 async def test_a_restarted_broker_does_not_lead_before_it_has_the_peers_new_subscription(tmp_path: Path) -> None:
@@ -34,7 +25,7 @@ async def test_a_restarted_broker_does_not_lead_before_it_has_the_peers_new_subs
         await asyncio.sleep(0.5)  # A is gone: B no longer hears it
         assert not standby.peer_up
         await standby.create_subscription(standby.subscription_spec(DESK))
-        await _publish_orders(standby, 1, 3)  # acknowledged by B alone
+        await _publish(standby, 1, 3, "orders")  # acknowledged by B alone
         assert standby.queue("orders", "desk").depth == 3
         again = await _restarted(active, tmp_path)
         assert again.role == STANDBY
@@ -55,14 +46,6 @@ async def test_a_restarted_broker_does_not_lead_before_it_has_the_peers_new_subs
             await again.close()
 
 
-async def _publish_prices(broker: Broker, first: int, count: int) -> None:
-    messages = [
-        broker_pb2.Message(publisher_id="p", publisher_seq=seq, key="K", body=b"x", persistent=True)
-        for seq in range(first, first + count)
-    ]
-    await broker.publish("p", broker.publisher("p"), broker_pb2.PublishBatch(topic="prices", messages=messages))
-
-
 async def test_a_standby_that_its_peer_does_not_hear_does_not_lead(tmp_path: Path) -> None:
     """A review's schedule: both standby and both behind (A restarted; B lacks some of q), hearing each
     other. The A->B direction is cut: B's frames say not_hearing_you. The first version made A (the lower
@@ -72,7 +55,7 @@ async def test_a_standby_that_its_peer_does_not_hear_does_not_lead(tmp_path: Pat
     idle = broker_pb2.Subscription(subscriber_id="idle", topic="prices", durable=True)
     async with _pair(tmp_path, peer_timeout_ms="300") as (active, standby, to_standby, to_active):
         for broker in (active, standby):
-            await _publish_prices(broker, 1, 3)
+            await _publish(broker, 1, 3)
         for _ in range(3):
             await to_standby.step()
             await to_active.step()

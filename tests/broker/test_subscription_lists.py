@@ -576,13 +576,13 @@ async def test_random_schedules_leave_both_brokers_holding_the_same_subscription
                 await broker.close()
 
 
-async def _publish(broker: Broker, first: int, count: int) -> None:
-    """Messages ``first``.. of publisher "p" on "prices" (the SDK sends each to both brokers)."""
+async def _publish(broker: Broker, first: int, count: int, topic: str = "prices") -> None:
+    """Messages ``first``.. of publisher "p" on ``topic`` (the SDK sends each to both brokers)."""
     messages = [
         broker_pb2.Message(publisher_id="p", publisher_seq=seq, key="K", body=b"x", persistent=True)
         for seq in range(first, first + count)
     ]
-    await broker.publish("p", broker.publisher("p"), broker_pb2.PublishBatch(topic="prices", messages=messages))
+    await broker.publish("p", broker.publisher("p"), broker_pb2.PublishBatch(topic=topic, messages=messages))
 
 
 async def test_a_copy_taken_back_after_a_deletion_knows_what_it_lacks(tmp_path: Path) -> None:

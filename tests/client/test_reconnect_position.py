@@ -5,6 +5,7 @@ buffer. A real broker; the subscriber's connection is cut by a proxy, and the SD
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,6 +19,21 @@ from tests.client.fake_broker import serve_stream
 from tests.monitor.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.asynccontextmanager
+async def _durable_behind_a_proxy(broker_factory: Callable[..., BrokerProcess]) -> AsyncIterator[tuple[str, TcpProxy]]:
+    """A broker with durable subscription desk on prices, and a proxy to it whose connections a test cuts."""
+    broker = broker_factory()
+    broker.start()
+    proxy = TcpProxy(broker.address)
+    await proxy.start()
+    try:
+        async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
+            await asyncio.wait_for(sub.connected.wait(), 10)
+        yield broker.address, proxy
+    finally:
+        await proxy.close()
 
 
 async def _drain(sub: Subscriber) -> list[Message]:
@@ -42,16 +58,10 @@ async def test_messages_buffered_unprocessed_at_a_reconnect_stay_owed(
     told nothing when the application had handled none of feed). Now the SDK reopens from what was
     processed; the broker sends the buffered messages again and the SDK drops them (its received
     numbers), so nothing is handed twice either."""
-    broker = broker_factory()
-    broker.start()
-    proxy = TcpProxy(broker.address)
-    await proxy.start()
-    try:
-        async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
-            await asyncio.wait_for(sub.connected.wait(), 10)
-        async with Publisher(broker.address, "other") as other:
+    async with _durable_behind_a_proxy(broker_factory) as (address, proxy):
+        async with Publisher(address, "other") as other:
             await other.publish("prices", "K0", b"o1")
-        async with Publisher(broker.address, "feed") as feed:
+        async with Publisher(address, "feed") as feed:
             for i in range(50):
                 feed.publish_nowait("prices", f"K{i % 5}", b"f")
             await feed.flush()
@@ -76,11 +86,9 @@ async def test_messages_buffered_unprocessed_at_a_reconnect_stay_owed(
             await sub.close()
             stored = sub.position
             await feed.publish("prices", "K0", b"f51")
-        again = Subscriber(broker.address, "desk", "prices", durable=True, position=stored, on_gap="report")
+        again = Subscriber(address, "desk", "prices", durable=True, position=stored, on_gap="report")
         async with again:
             handed += await _drain(again)
-    finally:
-        await proxy.close()
     numbers = [(m.publisher_id, m.publisher_seq) for m in handed]
     assert sorted(n for p, n in numbers if p == "feed") == list(range(1, 52)), numbers
     assert len(set(numbers)) == len(numbers), "a message handed twice"
@@ -94,14 +102,8 @@ async def test_after_a_reconnect_the_buffer_is_sent_again_dropped_and_the_stream
     connection drops, the broker sends those 20 again within the new open's credits; the SDK drops
     them (not counted as duplicates) and the stream goes on to the last message: each handed once, in
     order, no gap."""
-    broker = broker_factory()
-    broker.start()
-    proxy = TcpProxy(broker.address)
-    await proxy.start()
-    try:
-        async with Subscriber(broker.address, "desk", "prices", durable=True) as sub:
-            await asyncio.wait_for(sub.connected.wait(), 10)
-        async with Publisher(broker.address, "feed") as feed:
+    async with _durable_behind_a_proxy(broker_factory) as (address, proxy):
+        async with Publisher(address, "feed") as feed:
             for i in range(60):
                 feed.publish_nowait("prices", f"K{i % 5}", b"f")
             await feed.flush()
@@ -122,8 +124,6 @@ async def test_after_a_reconnect_the_buffer_is_sent_again_dropped_and_the_stream
             await until(reconnected, "the SDK to reconnect")
             handed += await _drain(sub)
             assert (sub.duplicates, sub.gaps) == (0, [])
-    finally:
-        await proxy.close()
     assert [m.publisher_seq for m in handed] == list(range(1, 61))
 
 
