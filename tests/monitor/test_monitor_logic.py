@@ -485,6 +485,11 @@ async def test_an_epoch_set_by_hand_to_the_end_of_uint64_holds_roles_and_is_said
 
 async def test_two_actives_the_older_epoch_is_demoted(harness: Harness) -> None:
     h = harness
+    if h.real is not None:
+        # The real pair as the statistics say it is: broker-b active at epoch 2 too. Left standby, the
+        # demotion made both brokers of this pair (no monitor required) standby, and the caught-up one
+        # took the active role again (pair_state.py, invariant 2): seen once in a fresh-clone CI run.
+        await h.real.standby.set_role(ACTIVE, 2, h.real.active.address)
     h.feed("broker-a", _stats("broker-a", ACTIVE, [], epoch=1))
     h.feed("broker-b", _stats("broker-b", ACTIVE, [], epoch=2))
     await h.ticks_until(lambda: bool(h.stubs["broker-a"].roles), "the demotion")
